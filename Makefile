@@ -1,0 +1,24 @@
+# Quick start: `make experiment` and `make test` (each creates .venv first).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: test experiment demo bench clean
+
+# Rebuilt when missing or older than the requirements or the package metadata.
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade --quiet pip
+	$(BIN)/python -m pip install --quiet -r requirements.txt
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -n 2 tests
+
+experiment: $(STAMP)
+	$(BIN)/python -m experiments.lesson_demo
+
+clean:
+	rm -rf $(VENV) *.egg-info

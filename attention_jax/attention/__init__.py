@@ -1,0 +1,9 @@
+"""Pure attention functions on arrays: no parameters, no positional logic."""
+
+from attention_jax.attention.dense import MASK_VALUE
+from attention_jax.attention.dense import dot_product_attention
+from attention_jax.attention.dense import multi_head_attention
+from attention_jax.attention.masks import attention_mask_from_tokens
+from attention_jax.attention.masks import causal_mask
+from attention_jax.attention.masks import combine_masks
+from attention_jax.attention.masks import padding_mask

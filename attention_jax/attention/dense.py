@@ -1,0 +1,142 @@
+"""Scaled dot-product attention: one head as a pure function, many by vmap.
+
+Shapes are written in every docstring: T_q/T_k query/key lengths, D_k the
+query/key width, D_v the value width, B batch, H heads. Masks are boolean with
+True = attend; biases are additive.
+
+Numerics: scores, bias and softmax are float32 whatever the input dtype; masked
+scores are replaced (`jnp.where`) by a finite large negative, never `-inf`; a
+query row with no key to attend gets all-zero weights and a zero output, with
+zero (finite) gradients.
+"""
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+# Finite and far below any real score, with headroom so that `score - max`
+# inside softmax cannot overflow to -inf (the same choice as jax.nn).
+MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+
+
+def _check_broadcast(name: str, x: jnp.ndarray, target: tuple[int, ...]) -> None:
+  if x.ndim > len(target) or any(
+      d not in (1, t) for d, t in zip(x.shape[::-1], target[::-1])):
+    raise ValueError(
+        f'{name} has shape {x.shape}, which does not broadcast to {target}.')
+
+
+def dot_product_attention(
+    q: jnp.ndarray,
+    k: jnp.ndarray,
+    v: jnp.ndarray,
+    *,
+    mask: Optional[jnp.ndarray] = None,
+    bias: Optional[jnp.ndarray] = None,
+) -> tuple[jnp.ndarray, jnp.ndarray]:
+  """One head of `softmax(q kᵀ / √D_k + bias) v` (lesson 7.2).
+
+  Args:
+    q: queries `[T_q, D_k]`.
+    k: keys `[T_k, D_k]`.
+    v: values `[T_k, D_v]`.
+    mask: optional boolean `[T_q, T_k]` (or broadcastable), True = attend.
+    bias: optional additive scores `[T_q, T_k]` (or broadcastable).
+
+  Returns:
+    `(out, weights)`: out `[T_q, D_v]` in the dtype of `v`; weights
+    `[T_q, T_k]` in float32, each row summing to 1 over attended keys (all
+    zeros for a row whose keys are all masked).
+  """
+  if q.ndim != 2 or k.ndim != 2 or v.ndim != 2:
+    raise ValueError(
+        'dot_product_attention takes one head: q [T_q, D_k], k [T_k, D_k], '
+        f'v [T_k, D_v]; got q {q.shape}, k {k.shape}, v {v.shape}. '
+        'Use multi_head_attention for [batch, length, heads, head_dim].')
+  if q.shape[1] != k.shape[1] or k.shape[0] != v.shape[0]:
+    raise ValueError(
+        f'incompatible shapes: q {q.shape}, k {k.shape}, v {v.shape}; need '
+        'q [T_q, D_k], k [T_k, D_k], v [T_k, D_v].')
+  scores_shape = (q.shape[0], k.shape[0])
+  scores = jnp.einsum('qd,kd->qk', q, k, preferred_element_type=jnp.float32)
+  scores = scores * jnp.float32(1.0 / (q.shape[1] ** 0.5))
+  if bias is not None:
+    _check_broadcast('bias', bias, scores_shape)
+    scores = scores + bias.astype(jnp.float32)
+  if mask is not None:
+    _check_broadcast('mask', mask, scores_shape)
+    if mask.dtype != jnp.bool_:
+      raise TypeError(f'mask must be boolean (True = attend), got {mask.dtype}.')
+    scores = jnp.where(mask, scores, MASK_VALUE)
+  weights = jax.nn.softmax(scores, axis=-1)
+  if mask is not None:
+    # Only changes rows whose keys are all masked: softmax made them uniform.
+    weights = jnp.where(mask, weights, 0.0)
+  out = jnp.einsum('qk,kd->qd', weights, v, preferred_element_type=jnp.float32)
+  return out.astype(v.dtype), weights
+
+
+def _vmap_plan(x: Optional[jnp.ndarray], axis: int, size: int):
+  """(x, in_axis) mapping `axis` if it has `size`, else (x without it, None)."""
+  if x is None:
+    return None, None
+  if x.shape[axis] == size:
+    return x, axis
+  return jnp.squeeze(x, axis), None
+
+
+def multi_head_attention(
+    q: jnp.ndarray,
+    k: jnp.ndarray,
+    v: jnp.ndarray,
+    *,
+    mask: Optional[jnp.ndarray] = None,
+    bias: Optional[jnp.ndarray] = None,
+) -> tuple[jnp.ndarray, jnp.ndarray]:
+  """`dot_product_attention` vmapped over heads and batch (lesson 7.3).
+
+  Args:
+    q: queries `[B, T_q, H, D_k]`.
+    k: keys `[B, T_k, H, D_k]`.
+    v: values `[B, T_k, H, D_v]`.
+    mask: optional boolean, broadcastable to `[B, H, T_q, T_k]`, True = attend.
+    bias: optional additive, broadcastable to `[B, H, T_q, T_k]`; may differ
+      per head (ALiBi). Neither mask nor bias is ever broadcast in memory:
+      a size-1 batch or head axis is shared across the vmap instead.
+
+  Returns:
+    `(out, weights)`: out `[B, T_q, H, D_v]` in the dtype of `v`; weights
+    `[B, H, T_q, T_k]` in float32.
+  """
+  if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+    raise ValueError(
+        'multi_head_attention takes [batch, length, heads, head_dim] arrays; '
+        f'got q {q.shape}, k {k.shape}, v {v.shape}.')
+  (b, t_q, h, d_k), (t_k, d_v) = q.shape, (k.shape[1], v.shape[3])
+  if k.shape != (b, t_k, h, d_k) or v.shape[:3] != (b, t_k, h):
+    raise ValueError(
+        f'incompatible shapes: q {q.shape}, k {k.shape}, v {v.shape}; need '
+        'q [B, T_q, H, D_k], k [B, T_k, H, D_k], v [B, T_k, H, D_v].')
+  full = (b, h, t_q, t_k)
+  if mask is not None:
+    _check_broadcast('mask', mask, full)
+    mask = jnp.reshape(mask, (1,) * (4 - mask.ndim) + mask.shape)
+  if bias is not None:
+    _check_broadcast('bias', bias, full)
+    bias = jnp.reshape(bias, (1,) * (4 - bias.ndim) + bias.shape)
+
+  # The batch axis is 0 of mask/bias; once vmapped away, the head axis is 0.
+  mask, mask_b = _vmap_plan(mask, 0, b)
+  bias, bias_b = _vmap_plan(bias, 0, b)
+
+  def one_example(q, k, v, mask, bias):
+    mask, mask_h = _vmap_plan(mask, 0, h)
+    bias, bias_h = _vmap_plan(bias, 0, h)
+    per_head = jax.vmap(
+        lambda q, k, v, m, b: dot_product_attention(q, k, v, mask=m, bias=b),
+        in_axes=(1, 1, 1, mask_h, bias_h), out_axes=(1, 0))
+    return per_head(q, k, v, mask, bias)
+
+  return jax.vmap(one_example, in_axes=(0, 0, 0, mask_b, bias_b))(
+      q, k, v, mask, bias)

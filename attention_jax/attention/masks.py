@@ -1,0 +1,54 @@
+"""Boolean attention masks, True = attend, broadcastable to [B, H, T_q, T_k]."""
+
+from typing import Optional
+
+import jax.numpy as jnp
+
+
+def causal_mask(length: int) -> jnp.ndarray:
+  """`[length, length]`: query i attends to keys j <= i."""
+  if length < 1:
+    raise ValueError(f'length must be >= 1, got {length}.')
+  return jnp.tril(jnp.ones((length, length), jnp.bool_))
+
+
+def attention_mask_from_tokens(token_mask: jnp.ndarray) -> jnp.ndarray:
+  """Boolean token mask `[B, T]` (True = real token) -> `[B, 1, T, T]`.
+
+  A pair (i, j) is attended only when both tokens are real, so a padded query
+  row is fully masked: its output is zero (see `dot_product_attention`).
+  """
+  token_mask = jnp.asarray(token_mask)
+  if token_mask.ndim != 2 or token_mask.dtype != jnp.bool_:
+    raise ValueError(
+        'token_mask must be boolean [batch, length], got '
+        f'{token_mask.dtype}{list(token_mask.shape)}.')
+  return token_mask[:, None, :, None] & token_mask[:, None, None, :]
+
+
+def padding_mask(lengths: jnp.ndarray, max_length: int) -> jnp.ndarray:
+  """Sequence lengths `[B]` -> `[B, 1, max_length, max_length]`.
+
+  Positions `>= lengths[b]` are padding, neither attending nor attended.
+  """
+  lengths = jnp.asarray(lengths)
+  if lengths.ndim != 1 or not jnp.issubdtype(lengths.dtype, jnp.integer):
+    raise ValueError(
+        'lengths must be an integer vector [batch], got '
+        f'{lengths.dtype}{list(lengths.shape)}.')
+  token_mask = jnp.arange(max_length)[None, :] < lengths[:, None]
+  return attention_mask_from_tokens(token_mask)
+
+
+def combine_masks(*masks: Optional[jnp.ndarray]) -> Optional[jnp.ndarray]:
+  """Logical AND of the given masks (None entries skipped), broadcast together."""
+  masks = [m for m in masks if m is not None]
+  if not masks:
+    return None
+  for m in masks:
+    if m.dtype != jnp.bool_:
+      raise TypeError(f'masks must be boolean, got {m.dtype}.')
+  out = masks[0]
+  for m in masks[1:]:
+    out = jnp.logical_and(out, m)
+  return out

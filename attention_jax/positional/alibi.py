@@ -1,0 +1,74 @@
+"""ALiBi, attention with linear biases (Press et al. 2022).
+
+Head h adds `-slope_h * (i - j)` to the score of query i for key j. No
+embedding is added and nothing is rotated.
+
+Slopes follow the authors' reference code: for n heads, a power of two,
+slope_k = 2^(-8k/n), k = 1 … n. Otherwise, with m the largest power of two
+below n, the m slopes of m heads come first, followed by the odd-indexed
+slopes of 2m heads (every other one, starting with the first) up to n. For 12
+heads: 1/2, 1/4, …, 1/256, then 2^-0.5, 2^-1.5, 2^-2.5, 2^-3.5.
+
+Causal (`causal=True`): bias `-slope * (i - j)`, meant for keys j <= i (the
+causal mask hides the rest). Bidirectional (`causal=False`): the symmetric
+variant `-slope * |i - j|`, which penalises distance in both directions alike.
+The bias is built from `i - j` directly: O(T_q T_k) memory and work per head.
+"""
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+
+from attention_jax.positional.base import PositionalEncoding
+
+
+def _power_of_two_slopes(n: int) -> list[float]:
+  return [2.0 ** (-8.0 * k / n) for k in range(1, n + 1)]
+
+
+def alibi_slopes(num_heads: int) -> np.ndarray:
+  """Per-head slopes, float32 `[num_heads]`, in the reference order."""
+  if num_heads < 1:
+    raise ValueError(f'num_heads must be >= 1, got {num_heads}.')
+  m = 2 ** math.floor(math.log2(num_heads))
+  slopes = _power_of_two_slopes(m)
+  if m < num_heads:
+    slopes += _power_of_two_slopes(2 * m)[0::2][: num_heads - m]
+  return np.asarray(slopes, np.float32)
+
+
+def alibi_bias_at(slopes: jnp.ndarray, q_positions: jnp.ndarray,
+                  k_positions: jnp.ndarray, causal: bool = True) -> jnp.ndarray:
+  """Bias from integer positions `[T_q]`, `[T_k]` (or `[B, T_q]`, `[B, T_k]`)
+  -> float32 `[H, T_q, T_k]` (or `[B, H, T_q, T_k]`)."""
+  distance = (jnp.asarray(q_positions)[..., None, :, None]
+              - jnp.asarray(k_positions)[..., None, None, :])
+  if not causal:
+    distance = jnp.abs(distance)
+  slopes = jnp.asarray(slopes, jnp.float32)[:, None, None]
+  return -slopes * distance.astype(jnp.float32)
+
+
+def alibi_bias(num_heads: int, q_len: int, k_len: int,
+               causal: bool = True) -> jnp.ndarray:
+  """Bias for positions 0 … q_len-1 and 0 … k_len-1: float32 `[num_heads, q_len, k_len]`."""
+  return alibi_bias_at(alibi_slopes(num_heads), np.arange(q_len), np.arange(k_len),
+                       causal)
+
+
+class ALiBi(PositionalEncoding):
+  """'alibi': adds a per-head linear distance penalty to the scores."""
+
+  def __init__(self, num_heads: int, causal: bool = True):
+    # Static Python floats: constants of the graph, not parameters.
+    self.slopes = tuple(float(s) for s in alibi_slopes(num_heads))
+    self.causal = causal
+
+  @classmethod
+  def build(cls, *, d_model, num_heads, max_length, causal, rngs):
+    del d_model, max_length, rngs
+    return cls(num_heads, causal)
+
+  def attention_bias(self, q_positions, k_positions):
+    return alibi_bias_at(self.slopes, q_positions, k_positions, self.causal)

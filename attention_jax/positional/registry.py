@@ -1,0 +1,64 @@
+"""The one place that maps a config string to a positional encoding.
+
+Adding an encoding: write its module (a `PositionalEncoding` subclass with a
+`build` classmethod taking the common arguments below plus its own keyword
+options) and add one entry here.
+"""
+
+from typing import Optional
+
+from flax import nnx
+
+from attention_jax.positional.alibi import ALiBi
+from attention_jax.positional.base import NoPE
+from attention_jax.positional.base import PositionalEncoding
+from attention_jax.positional.learned import Learned
+from attention_jax.positional.rope import RoPE
+from attention_jax.positional.sinusoidal import Sinusoidal
+
+ENCODINGS = {
+    'none': NoPE,
+    'sinusoidal': Sinusoidal,
+    'learned': Learned,
+    'rope': RoPE,
+    'alibi': ALiBi,
+}
+
+
+def make_encoding(
+    name: str,
+    *,
+    d_model: int,
+    num_heads: int,
+    max_length: Optional[int] = None,
+    causal: bool = True,
+    rngs: Optional[nnx.Rngs] = None,
+    **options,
+) -> PositionalEncoding:
+  """Builds the encoding called `name`.
+
+  Args:
+    name: one of `ENCODINGS`.
+    d_model: model width (absolute encodings add vectors of this size).
+    num_heads: attention heads (head_dim = d_model // num_heads; ALiBi slopes).
+    max_length: number of positions a table must hold ('learned').
+    causal: whether attention is causal (ALiBi's bias differs).
+    rngs: for encodings with parameters.
+    **options: encoding-specific keywords, e.g. `base=` for 'rope'.
+  """
+  if name not in ENCODINGS:
+    raise ValueError(
+        f'unknown positional encoding {name!r}; choose one of {sorted(ENCODINGS)}.')
+  if d_model % num_heads:
+    raise ValueError(
+        f'num_heads={num_heads} does not divide d_model={d_model}.')
+  try:
+    return ENCODINGS[name].build(
+        d_model=d_model, num_heads=num_heads, max_length=max_length,
+        causal=causal, rngs=rngs, **options)
+  except TypeError as e:
+    if 'unexpected keyword' not in str(e):
+      raise
+    raise ValueError(
+        f'positional encoding {name!r} got an unknown option among '
+        f'{sorted(options)}: {e}') from None
