@@ -4,7 +4,8 @@ Shapes are written in every docstring: T_q/T_k query/key lengths, D_k the
 query/key width, D_v the value width, B batch, H heads. Masks are boolean with
 True = attend; biases are additive.
 
-Numerics: scores, bias and softmax are float32 whatever the input dtype; masked
+Numerics: scores, bias and softmax are float32 whatever the input dtype
+(float64 inputs, with x64 enabled, stay float64); masked
 scores are replaced (`jnp.where`) by a finite large negative, never `-inf`; a
 query row with no key to attend gets all-zero weights and a zero output, with
 zero (finite) gradients.
@@ -59,11 +60,12 @@ def dot_product_attention(
         f'incompatible shapes: q {q.shape}, k {k.shape}, v {v.shape}; need '
         'q [T_q, D_k], k [T_k, D_k], v [T_k, D_v].')
   scores_shape = (q.shape[0], k.shape[0])
-  scores = jnp.einsum('qd,kd->qk', q, k, preferred_element_type=jnp.float32)
-  scores = scores * jnp.float32(1.0 / (q.shape[1] ** 0.5))
+  compute_dtype = jnp.promote_types(jnp.result_type(q, k, v), jnp.float32)  # >= f32
+  scores = jnp.einsum('qd,kd->qk', q, k, preferred_element_type=compute_dtype)
+  scores = scores * (1.0 / (q.shape[1] ** 0.5))
   if bias is not None:
     _check_broadcast('bias', bias, scores_shape)
-    scores = scores + bias.astype(jnp.float32)
+    scores = scores + bias.astype(compute_dtype)
   if mask is not None:
     _check_broadcast('mask', mask, scores_shape)
     if mask.dtype != jnp.bool_:
@@ -73,7 +75,7 @@ def dot_product_attention(
   if mask is not None:
     # Only changes rows whose keys are all masked: softmax made them uniform.
     weights = jnp.where(mask, weights, 0.0)
-  out = jnp.einsum('qk,kd->qd', weights, v, preferred_element_type=jnp.float32)
+  out = jnp.einsum('qk,kd->qd', weights, v, preferred_element_type=compute_dtype)
   return out.astype(v.dtype), weights
 
 
