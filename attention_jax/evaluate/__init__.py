@@ -1,0 +1,5 @@
+"""Evaluation: accuracy per length with bucketed compilation."""
+
+from attention_jax.evaluate.lengths import buckets
+from attention_jax.evaluate.lengths import default_eval_lengths
+from attention_jax.evaluate.lengths import evaluate_lengths

@@ -1,0 +1,86 @@
+"""Accuracy per input length, far beyond the training lengths.
+
+Lengths are grouped into buckets (powers of two of the input length, at least
+the training maximum): every length in a bucket is padded to the bucket's size
+and shares one compiled program, so evaluating dozens of lengths costs a
+handful of compilations. Padding is invisible to the real tokens under the
+causal mask, so results do not depend on the bucketing (tested).
+
+Evaluation data depend on `(eval_seed, length)` only: every encoding and every
+training seed is scored on the same sequences.
+"""
+
+import math
+from typing import Callable, Iterable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from attention_jax import tasks
+from attention_jax.train.step import masked_metrics
+
+
+def default_eval_lengths(train_max: int, eval_max: int) -> list[int]:
+  """Every length up to `train_max`, then a grid that gets sparser with
+  distance (steps of train_max/4 to 2x, /2 to 4x, 1x to 8x, 2x beyond), always
+  including 2x, 4x, 8x train_max (when <= eval_max) and `eval_max` itself."""
+  lengths = set(range(1, min(train_max, eval_max) + 1))
+  multiple = 1.0
+  while multiple * train_max < eval_max:
+    multiple += 0.25 if multiple < 2 else 0.5 if multiple < 4 else 1.0 if multiple < 8 else 2.0
+    lengths.add(min(eval_max, int(round(multiple * train_max))))
+  lengths.add(eval_max)
+  return sorted(lengths)
+
+
+def buckets(lengths: Sequence[int], train_max: int) -> dict[int, list[int]]:
+  """Maps each bucket size (max input length) to the lengths padded to it.
+
+  Sizes are powers of two, at least `train_max` and at most `max(lengths)`,
+  so no bucket pads past the longest length asked for (a learned table ends
+  there)."""
+  out: dict[int, list[int]] = {}
+  longest = max(lengths)
+  for n in lengths:
+    size = train_max if n <= train_max else min(longest, 2 ** math.ceil(math.log2(n)))
+    out.setdefault(size, []).append(n)
+  return out
+
+
+def _make_eval_fn(graphdef, task: tasks.Task, bucket: int, num_samples: int,
+                  vocab_size: int) -> Callable:
+  """jitted `(state, key, n) -> metrics` for `num_samples` sequences of input
+  length `n` (traced) padded to the `bucket`."""
+
+  def eval_fn(state, key, n):
+    model = nnx.merge(graphdef, state)
+    lengths = jnp.full((num_samples,), n, jnp.int32)
+    batch = tasks.make_batch(task, key, lengths, vocab_size=vocab_size,
+                             max_input_length=bucket)
+    return masked_metrics(model(batch['inputs']), batch)
+
+  return jax.jit(eval_fn)
+
+
+def evaluate_lengths(model: nnx.Module, task: tasks.Task, lengths: Iterable[int], *,
+                     train_max: int, num_samples: int, vocab_size: int,
+                     eval_seed: int = 12345, batch_size: int = 256) -> list[dict]:
+  """Per length: `{'length', 'token_accuracy', 'exact_match'}` over
+  `num_samples` sequences (evaluated `batch_size` at a time)."""
+  graphdef, state = nnx.split(model)
+  rows = []
+  batch_size = min(batch_size, num_samples)
+  num_batches = math.ceil(num_samples / batch_size)
+  for bucket, bucket_lengths in buckets(sorted(lengths), train_max).items():
+    eval_fn = _make_eval_fn(graphdef, task, bucket, batch_size, vocab_size)
+    for n in bucket_lengths:
+      keys = jax.random.split(jax.random.fold_in(jax.random.key(eval_seed), n), num_batches)
+      results = jax.device_get([eval_fn(state, key, jnp.int32(n)) for key in keys])
+      # Every batch has the same number of sequences and of output tokens.
+      rows.append(dict(
+          length=n,
+          token_accuracy=float(np.mean([r['token_accuracy'] for r in results])),
+          exact_match=float(np.mean([r['exact_match'] for r in results]))))
+  return rows

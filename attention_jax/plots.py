@@ -1,0 +1,50 @@
+"""Figures, drawn from result rows only (so any workdir can be redrawn)."""
+
+from typing import Sequence
+
+import matplotlib
+
+matplotlib.use('Agg')  # files only; no display needed
+import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+import numpy as np
+
+METRICS = (('token_accuracy', 'token accuracy'), ('exact_match', 'exact match'))
+
+
+def plot_extrapolation(rows: Sequence[dict], path: str, *, train_min: int,
+                       train_max: int) -> None:
+  """Accuracy vs input length: one line per encoding (mean over seeds), the
+  seeds' min–max shaded, the training range marked. A row of two panels
+  (token accuracy, exact match) per task."""
+  task_names = sorted({r['task'] for r in rows})
+  fig, axes = plt.subplots(len(task_names), 2, figsize=(12, 4.2 * len(task_names)),
+                           squeeze=False)
+  for row_axes, task in zip(axes, task_names):
+    task_rows = [r for r in rows if r['task'] == task]
+    encodings = list(dict.fromkeys(r['encoding'] for r in task_rows))
+    for ax, (metric, title) in zip(row_axes, METRICS):
+      for enc in encodings:
+        sel = [r for r in task_rows if r['encoding'] == enc]
+        lengths = sorted({r['length'] for r in sel})
+        values = np.array([[r[metric] for r in sel if r['length'] == n] for n in lengths
+                           ], dtype=object)
+        mean = np.array([np.mean(v) for v in values])
+        lo = np.array([np.min(v) for v in values])
+        hi = np.array([np.max(v) for v in values])
+        seeds = len({r['seed'] for r in sel})
+        line, = ax.plot(lengths, 100 * mean, label=f'{enc} ({seeds} seeds)', lw=1.8)
+        ax.fill_between(lengths, 100 * lo, 100 * hi, color=line.get_color(), alpha=0.18)
+      ax.axvspan(train_min - 0.5, train_max + 0.5, color='0.85', zorder=0,
+                 label='training lengths')
+      for k in (2, 4, 8):
+        ax.axvline(k * train_max, color='0.6', lw=0.8, ls=':', zorder=0)
+      ax.set_xscale('log', base=2)
+      ax.set_xlabel('input length (log scale; dotted: 2×, 4×, 8× L_train)')
+      ax.set_ylabel(f'{title} (%)')
+      ax.set_ylim(-2, 102)
+      ax.set_title(f'{task}: {title}')
+      ax.grid(alpha=0.3)
+    row_axes[0].legend(loc='lower left', fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)

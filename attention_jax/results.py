@@ -1,0 +1,74 @@
+"""Result rows: the CSV schema, reading and writing, and the Markdown summary."""
+
+import csv
+import os
+from typing import Iterable, Sequence
+
+import numpy as np
+
+FIELDS = ('task', 'encoding', 'seed', 'length', 'token_accuracy', 'exact_match')
+MULTIPLES = (2, 4, 8)  # summary columns: accuracy at these multiples of L_train
+
+
+def write_rows(path: str, rows: Iterable[dict]) -> None:
+  """Writes `rows` to `path` atomically (a partial file is never left)."""
+  tmp = path + '.tmp'
+  with open(tmp, 'w', newline='') as f:
+    writer = csv.DictWriter(f, fieldnames=FIELDS)
+    writer.writeheader()
+    for row in rows:
+      writer.writerow({k: row[k] for k in FIELDS})
+  os.replace(tmp, path)
+
+
+def read_rows(path: str) -> list[dict]:
+  with open(path, newline='') as f:
+    rows = list(csv.DictReader(f))
+  for row in rows:
+    row['seed'], row['length'] = int(row['seed']), int(row['length'])
+    row['token_accuracy'] = float(row['token_accuracy'])
+    row['exact_match'] = float(row['exact_match'])
+  return rows
+
+
+def _per_seed(rows, lengths) -> list[float]:
+  """For each seed, the metric averaged over `lengths` (missing: no value)."""
+  by_seed: dict[int, list[float]] = {}
+  for r in rows:
+    if r['length'] in lengths:
+      by_seed.setdefault(r['seed'], []).append(r['value'])
+  return [float(np.mean(v)) for v in by_seed.values()]
+
+
+def _cell(values: Sequence[float]) -> str:
+  if not values:
+    return '—'
+  return f'{100 * np.mean(values):.1f} ± {100 * np.std(values):.1f}'
+
+
+def summary_markdown(rows: Sequence[dict], train_min: int, train_max: int) -> str:
+  """Per task and metric, a table: encoding × (training range, 2×, 4×, 8×),
+  each cell mean ± std over seeds, in percent."""
+  lines = [f'Accuracy in percent, mean ± std over seeds. Training inputs had '
+           f'lengths {train_min}–{train_max} (L_train = {train_max}); "1–L" '
+           'averages every evaluated length up to L_train, the other columns '
+           'are the accuracy at exactly that input length.', '']
+  header = ['encoding', 'seeds', f'1–L ({train_max})'] + [
+      f'{k}×L ({k * train_max})' for k in MULTIPLES]
+  for task in sorted({r['task'] for r in rows}):
+    for metric, title in (('token_accuracy', 'token accuracy'),
+                          ('exact_match', 'exact match')):
+      lines += [f'### {task}: {title}', '',
+                '| ' + ' | '.join(header) + ' |',
+                '|' + '---|' * len(header)]
+      encodings = list(dict.fromkeys(r['encoding'] for r in rows if r['task'] == task))
+      for enc in encodings:
+        sel = [dict(r, value=r[metric]) for r in rows
+               if r['task'] == task and r['encoding'] == enc]
+        seeds = len({r['seed'] for r in sel})
+        in_range = set(range(1, train_max + 1))
+        cells = [_cell(_per_seed(sel, in_range))] + [
+            _cell(_per_seed(sel, {k * train_max})) for k in MULTIPLES]
+        lines.append('| ' + ' | '.join([enc, str(seeds)] + cells) + ' |')
+      lines.append('')
+  return '\n'.join(lines)

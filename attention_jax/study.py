@@ -1,0 +1,105 @@
+"""One run (train, then evaluate every length) and the sweep over
+tasks × encodings × seeds, with the study's outputs.
+
+Each run writes into its own folder; a run whose `results.csv` exists is
+finished and is read back instead of retrained, so an interrupted sweep picks
+up at the first unfinished run when the same command is run again.
+"""
+
+import json
+import os
+import time
+from typing import Callable
+
+import ml_collections
+
+from attention_jax import results
+from attention_jax import tasks
+from attention_jax.evaluate import default_eval_lengths
+from attention_jax.evaluate import evaluate_lengths
+from attention_jax.plots import plot_extrapolation
+from attention_jax.train import train
+from attention_jax.validate import validate_config
+
+
+def eval_lengths(config: ml_collections.ConfigDict) -> list[int]:
+  return sorted(config.eval.lengths) or default_eval_lengths(
+      config.task.train_max_length, config.eval.max_length)
+
+
+def run_one(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
+  """Trains one model and evaluates it at every length.
+
+  Writes `metrics.jsonl` (every training step), `results.csv` (one row per
+  length, written last: its presence marks the run finished) and `run.json`
+  (timings and final training metrics) into `workdir`. Returns the rows.
+  """
+  validate_config(config)
+  os.makedirs(workdir, exist_ok=True)
+  start = time.perf_counter()
+  model, last = train(config, workdir, progress=config.progress)
+  train_seconds = time.perf_counter() - start
+  start = time.perf_counter()
+  per_length = evaluate_lengths(
+      model, tasks.get_task(config.task.name), eval_lengths(config),
+      train_max=config.task.train_max_length, num_samples=config.eval.num_samples,
+      vocab_size=config.task.vocab_size, eval_seed=config.eval.seed,
+      batch_size=config.eval.batch_size)
+  eval_seconds = time.perf_counter() - start
+  rows = [dict(task=config.task.name, encoding=config.model.encoding,
+               seed=config.train.seed, **r) for r in per_length]
+  with open(os.path.join(workdir, 'run.json'), 'w') as f:
+    json.dump(dict(train_seconds=train_seconds, eval_seconds=eval_seconds,
+                   final_train_metrics=last, config=config.to_dict()), f, indent=1)
+  results.write_rows(os.path.join(workdir, 'results.csv'), rows)
+  return rows
+
+
+def run_config(config: ml_collections.ConfigDict, task: str, encoding: str,
+               seed: int) -> ml_collections.ConfigDict:
+  """`config` with one run's task, encoding and seed filled in."""
+  c = ml_collections.ConfigDict(config.to_dict())
+  c.task.name, c.model.encoding, c.train.seed = task, encoding, seed
+  return c
+
+
+def run_study(config: ml_collections.ConfigDict, workdir: str,
+              log: Callable[[str], None] = print) -> list[dict]:
+  """The sweep. Writes `results.csv`, `summary.md` and `extrapolation.png`
+  into `workdir` and the runs into `workdir/runs/TASK/ENCODING/seedN/`."""
+  validate_config(config, study=True)
+  runs = [(t, e, s) for t in config.study.tasks for e in config.study.encodings
+          for s in config.study.seeds]
+  for task, encoding, seed in runs:  # every run's config, checked up front
+    validate_config(run_config(config, task, encoding, seed))
+  os.makedirs(workdir, exist_ok=True)
+  rows, start = [], time.perf_counter()
+  for i, (task, encoding, seed) in enumerate(runs, 1):
+    run_dir = os.path.join(workdir, 'runs', task, encoding, f'seed{seed}')
+    done = os.path.join(run_dir, 'results.csv')
+    if os.path.exists(done):
+      rows += results.read_rows(done)
+      log(f'[{i}/{len(runs)}] {task} {encoding} seed {seed}: finished earlier, reused')
+      continue
+    run_rows = run_one(run_config(config, task, encoding, seed), run_dir)
+    rows += run_rows
+    with open(os.path.join(run_dir, 'run.json')) as f:
+      info = json.load(f)
+    in_range = [r['token_accuracy'] for r in run_rows
+                if r['length'] <= config.task.train_max_length]
+    log(f'[{i}/{len(runs)}] {task} {encoding} seed {seed}: '
+        f"train {info['train_seconds']:.0f}s, eval {info['eval_seconds']:.0f}s, "
+        f'token accuracy in training range {100 * sum(in_range) / len(in_range):.1f}%, '
+        f"at {run_rows[-1]['length']}: {100 * run_rows[-1]['token_accuracy']:.1f}% "
+        f'({time.perf_counter() - start:.0f}s so far)')
+  write_study_outputs(rows, workdir, config)
+  return rows
+
+
+def write_study_outputs(rows, workdir: str, config: ml_collections.ConfigDict) -> None:
+  t = config.task
+  results.write_rows(os.path.join(workdir, 'results.csv'), rows)
+  with open(os.path.join(workdir, 'summary.md'), 'w') as f:
+    f.write(results.summary_markdown(rows, t.train_min_length, t.train_max_length))
+  plot_extrapolation(rows, os.path.join(workdir, 'extrapolation.png'),
+                     train_min=t.train_min_length, train_max=t.train_max_length)

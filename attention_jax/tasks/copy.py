@@ -1,0 +1,111 @@
+"""Synthetic sequence tasks — copy, reverse, duplicate — made on device.
+
+Layout, for a decoder-only causal language model:
+
+    BOS x_1 … x_n SEP y_1 … y_m EOS PAD …
+
+with `x` random symbols and `y` the task's rule applied to `x`. The model
+reads `tokens[:-1]` and predicts `tokens[1:]`; the loss and every metric count
+only the output tokens `y_1 … y_m EOS` (the `loss_mask`).
+
+Batches are pure functions of `(key, step)` (plus static shapes), so they are
+generated inside the compiled train step: no host data loop, and the same
+stream on every run and after a resume. Examples in a batch have different
+lengths and are right-padded. Under a causal mask padding sits after every
+real token and so is never attended by one; it only has to be kept out of the
+loss, which `loss_mask` does.
+"""
+
+import dataclasses
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+PAD, BOS, SEP, EOS = 0, 1, 2, 3
+NUM_SPECIAL = 4
+
+
+def _copy(x, n, j):
+  del n
+  return jnp.take_along_axis(x, j, axis=1)
+
+
+def _reverse(x, n, j):
+  return jnp.take_along_axis(x, jnp.clip(n[:, None] - 1 - j, 0, None), axis=1)
+
+
+def _duplicate(x, n, j):
+  return jnp.take_along_axis(x, j % jnp.maximum(n[:, None], 1), axis=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """A task: output length as a function of input length, and the rule."""
+  name: str
+  output_factor: int  # m = output_factor * n
+  # (x [B, N], n [B], j [B, M]) -> y_j [B, M]: the j-th output token.
+  rule: Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
+
+
+TASKS = {
+    'copy': Task('copy', 1, _copy),
+    'reverse': Task('reverse', 1, _reverse),
+    'duplicate': Task('duplicate', 2, _duplicate),
+}
+
+
+def get_task(name: str) -> Task:
+  if name not in TASKS:
+    raise ValueError(f'unknown task {name!r}; choose one of {sorted(TASKS)}.')
+  return TASKS[name]
+
+
+def sequence_length(task: Task, max_input_length: int) -> int:
+  """Tokens in `BOS x SEP y EOS` for the longest input: the padded length."""
+  return max_input_length * (1 + task.output_factor) + 3
+
+
+def make_batch(task: Task, key: jax.Array, lengths: jax.Array, *,
+               vocab_size: int, max_input_length: int) -> dict[str, jax.Array]:
+  """Builds examples with input lengths `lengths` `[B]` (traced, each in
+  1 … max_input_length), all padded to `sequence_length(task, max_input_length)`.
+
+  Returns a dict of `[B, T]` arrays, T = sequence_length - 1:
+    inputs: int32 tokens fed to the model (`tokens[:-1]`).
+    targets: int32 next tokens (`tokens[1:]`).
+    loss_mask: bool, True on output tokens (y and EOS) of `targets`.
+  and `lengths` `[B]`. Symbols are `NUM_SPECIAL … NUM_SPECIAL + vocab_size - 1`.
+  """
+  b = lengths.shape[0]
+  total = sequence_length(task, max_input_length)
+  x = jax.random.randint(key, (b, max_input_length), NUM_SPECIAL,
+                         NUM_SPECIAL + vocab_size, jnp.int32)
+  n = lengths.astype(jnp.int32)[:, None]  # [B, 1]
+  m = task.output_factor * n
+  p = jnp.arange(total, dtype=jnp.int32)[None, :]  # [1, total]
+  x_at = jnp.take_along_axis(x, jnp.clip(p - 1, 0, max_input_length - 1), axis=1)
+  j = jnp.clip(p - n - 2, 0, task.output_factor * max_input_length - 1)
+  y_at = task.rule(x, lengths.astype(jnp.int32), jnp.broadcast_to(j, (b, total)))
+  tokens = jnp.select(
+      [p == 0, p <= n, p == n + 1, p < n + 2 + m, p == n + 2 + m],
+      [BOS, x_at, SEP, y_at, EOS], PAD).astype(jnp.int32)
+  is_output = (p >= n + 2) & (p <= n + 2 + m)
+  return dict(inputs=tokens[:, :-1], targets=tokens[:, 1:],
+              loss_mask=is_output[:, 1:], lengths=lengths)
+
+
+def sample_lengths(key: jax.Array, batch_size: int, min_length: int,
+                   max_length: int) -> jax.Array:
+  """Input lengths uniform in [min_length, max_length], int32 `[batch_size]`."""
+  return jax.random.randint(key, (batch_size,), min_length, max_length + 1, jnp.int32)
+
+
+def train_batch(task: Task, seed: int, step: jax.Array, *, batch_size: int,
+                min_length: int, max_length: int, vocab_size: int) -> dict[str, jax.Array]:
+  """The training batch of `step` for `seed`: the same on every run."""
+  key = jax.random.fold_in(jax.random.key(seed), step)
+  length_key, token_key = jax.random.split(key)
+  lengths = sample_lengths(length_key, batch_size, min_length, max_length)
+  return make_batch(task, token_key, lengths, vocab_size=vocab_size,
+                    max_input_length=max_length)

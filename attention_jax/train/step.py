@@ -1,0 +1,66 @@
+"""The pure, compiled train step: `train_step(state, batch) -> (state, metrics)`.
+
+The model and its optimizer travel as one NNX state pytree; `graphdef` (their
+static structure) is closed over. `make_compiled_step` fuses batch generation
+from `(seed, step)` into the same jitted function, with the state donated, so
+one call is one XLA program and no data crosses from the host.
+"""
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from attention_jax import tasks
+
+
+def masked_metrics(logits: jax.Array, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+  """Loss and accuracies over the output tokens (`batch['loss_mask']`).
+
+  Returns scalars: loss (mean cross-entropy per output token), token_accuracy,
+  exact_match (fraction of sequences with every output token right — under
+  teacher forcing the same as greedy decoding getting it all right).
+  """
+  mask = batch['loss_mask']
+  weight = mask.astype(jnp.float32)
+  num_tokens = jnp.maximum(weight.sum(), 1.0)
+  losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch['targets'])
+  correct = (jnp.argmax(logits, -1) == batch['targets']) | ~mask
+  return dict(
+      loss=jnp.sum(losses * weight) / num_tokens,
+      token_accuracy=jnp.sum((correct & mask).astype(jnp.float32)) / num_tokens,
+      exact_match=jnp.mean(jnp.all(correct, axis=-1).astype(jnp.float32)),
+  )
+
+
+def train_step(graphdef: nnx.GraphDef, state: nnx.State,
+               batch: dict[str, jax.Array]) -> tuple[nnx.State, dict[str, jax.Array]]:
+  """One AdamW update of the (model, optimizer) `state` on `batch`."""
+  model, optimizer = nnx.merge(graphdef, state)
+
+  def loss_fn(model):
+    metrics = masked_metrics(model(batch['inputs']), batch)
+    return metrics['loss'], metrics
+
+  grads, metrics = nnx.grad(loss_fn, has_aux=True)(model)
+  optimizer.update(model, grads)
+  metrics['grad_norm'] = optax.global_norm(grads)
+  metrics['param_norm'] = optax.global_norm(nnx.state(model, nnx.Param))
+  return nnx.state((model, optimizer)), metrics
+
+
+def make_compiled_step(graphdef: nnx.GraphDef, task: tasks.Task, *, seed: int,
+                       batch_size: int, min_length: int, max_length: int,
+                       vocab_size: int) -> Callable:
+  """`step_fn(state, step) -> (state, metrics)`: batch `step` of `seed`
+  generated on device, then `train_step`; jitted once, state donated."""
+
+  def step_fn(state, step):
+    batch = tasks.train_batch(task, seed, step, batch_size=batch_size,
+                              min_length=min_length, max_length=max_length,
+                              vocab_size=vocab_size)
+    return train_step(graphdef, state, batch)
+
+  return jax.jit(step_fn, donate_argnums=0)

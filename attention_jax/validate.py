@@ -1,0 +1,65 @@
+"""Config checks that run before anything compiles.
+
+Each failure is one `ValueError` naming the key, its value and what is allowed.
+"""
+
+import ml_collections
+
+from attention_jax import tasks
+from attention_jax.positional import ENCODINGS
+
+
+def _require(ok: bool, message: str) -> None:
+  if not ok:
+    raise ValueError(f'invalid config: {message}')
+
+
+def _check_positive(section, names, prefix):
+  for name in names:
+    value = section[name]
+    _require(isinstance(value, int) and value >= 1,
+             f'{prefix}.{name}={value!r} must be an integer >= 1.')
+
+
+def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -> None:
+  """Checks one run's config, or with `study=True` every run of the sweep."""
+  t, m, tr, ev = config.task, config.model, config.train, config.eval
+  _check_positive(t, ('vocab_size', 'train_min_length', 'train_max_length'), 'task')
+  _check_positive(m, ('d_model', 'num_heads', 'num_layers', 'mlp_dim'), 'model')
+  _check_positive(tr, ('batch_size', 'num_steps', 'log_every'), 'train')
+  _check_positive(ev, ('max_length', 'num_samples', 'batch_size'), 'eval')
+  _require(t.train_min_length <= t.train_max_length,
+           f'task.train_min_length={t.train_min_length} > task.train_max_length='
+           f'{t.train_max_length}: the training length range is empty.')
+  _require(t.train_max_length <= ev.max_length,
+           f'eval.max_length={ev.max_length} must be >= task.train_max_length='
+           f'{t.train_max_length}.')
+  for n in ev.lengths:
+    _require(isinstance(n, int) and 1 <= n <= ev.max_length,
+             f'eval.lengths contains {n!r}; each must be an integer in 1…'
+             f'eval.max_length={ev.max_length}.')
+  _require(m.d_model % m.num_heads == 0,
+           f'model.num_heads={m.num_heads} must divide model.d_model={m.d_model}.')
+
+  task_names = config.study.tasks if study else (t.name,)
+  encodings = config.study.encodings if study else (m.encoding,)
+  key = 'study.tasks' if study else 'task.name'
+  for name in task_names:
+    _require(name in tasks.TASKS, f'{key} has {name!r}; allowed: {sorted(tasks.TASKS)}.')
+  key = 'study.encodings' if study else 'model.encoding'
+  for name in encodings:
+    _require(name in ENCODINGS, f'{key} has {name!r}; allowed: {sorted(ENCODINGS)}.')
+    if name == 'rope':
+      head_dim = m.d_model // m.num_heads
+      _require(head_dim % 2 == 0,
+               f"'rope' needs an even head_dim; model.d_model // model.num_heads = {head_dim}.")
+  if study:
+    _require(len(config.study.seeds) >= 1, 'study.seeds is empty.')
+  # A learned table must hold the longest evaluation sequence.
+  if m.max_length and 'learned' in encodings:
+    for name in task_names:
+      needed = tasks.sequence_length(tasks.TASKS[name], ev.max_length) - 1
+      _require(m.max_length >= needed,
+               f"model.max_length={m.max_length} is too short for 'learned' at "
+               f'eval.max_length={ev.max_length} on {name!r}: the model reads '
+               f'{needed} positions; set model.max_length >= {needed} or 0 (auto).')

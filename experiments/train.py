@@ -1,0 +1,30 @@
+r"""Train one model and evaluate it at every length.
+
+  python -m experiments.train --config=configs/copy.py:pe=rope --workdir=runs/one
+
+Writes metrics.jsonl (every step), results.csv (accuracy per length) and
+run.json (timings) into --workdir. Presets and fields: configs/copy.py.
+"""
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+from attention_jax.study import run_one
+
+_CONFIG = config_flags.DEFINE_config_file(
+    'config', 'configs/copy.py', 'Run configuration (a get_config file).')
+_WORKDIR = flags.DEFINE_string('workdir', 'runs/one', 'Where outputs are written.')
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  rows = run_one(_CONFIG.value, _WORKDIR.value)
+  print(f"{'length':>8} {'token acc':>10} {'exact':>8}")
+  for r in rows:
+    print(f"{r['length']:>8} {100 * r['token_accuracy']:>9.1f}% {100 * r['exact_match']:>7.1f}%")
+
+
+if __name__ == '__main__':
+  app.run(main)
