@@ -9,15 +9,17 @@ up at the first unfinished run when the same command is run again.
 import json
 import os
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 import ml_collections
+import optax
 
 from attention_jax import results
 from attention_jax import tasks
 from attention_jax.evaluate import default_eval_lengths
 from attention_jax.evaluate import evaluate_lengths
 from attention_jax.plots import plot_extrapolation
+from attention_jax.train import make_optimizer
 from attention_jax.train import train
 from attention_jax.validate import validate_config
 
@@ -27,7 +29,8 @@ def eval_lengths(config: ml_collections.ConfigDict) -> list[int]:
       config.task.train_max_length, config.eval.max_length)
 
 
-def run_one(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
+def run_one(config: ml_collections.ConfigDict, workdir: str,
+            tx: Optional[optax.GradientTransformation] = None) -> list[dict]:
   """Trains one model and evaluates it at every length.
 
   Writes `metrics.jsonl` (every training step), `results.csv` (one row per
@@ -37,7 +40,7 @@ def run_one(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
   validate_config(config)
   os.makedirs(workdir, exist_ok=True)
   start = time.perf_counter()
-  model, last = train(config, workdir, progress=config.progress)
+  model, last = train(config, workdir, progress=config.progress, tx=tx)
   train_seconds = time.perf_counter() - start
   start = time.perf_counter()
   per_length = evaluate_lengths(
@@ -74,6 +77,7 @@ def run_study(config: ml_collections.ConfigDict, workdir: str,
     validate_config(run_config(config, task, encoding, seed))
   os.makedirs(workdir, exist_ok=True)
   rows, start = [], time.perf_counter()
+  tx = make_optimizer(config.train)  # one object: runs share compilations
   for i, (task, encoding, seed) in enumerate(runs, 1):
     run_dir = os.path.join(workdir, 'runs', task, encoding, f'seed{seed}')
     done = os.path.join(run_dir, 'results.csv')
@@ -81,7 +85,7 @@ def run_study(config: ml_collections.ConfigDict, workdir: str,
       rows += results.read_rows(done)
       log(f'[{i}/{len(runs)}] {task} {encoding} seed {seed}: finished earlier, reused')
       continue
-    run_rows = run_one(run_config(config, task, encoding, seed), run_dir)
+    run_rows = run_one(run_config(config, task, encoding, seed), run_dir, tx)
     rows += run_rows
     with open(os.path.join(run_dir, 'run.json')) as f:
       info = json.load(f)

@@ -10,8 +10,9 @@ Evaluation data depend on `(eval_seed, length)` only: every encoding and every
 training seed is scored on the same sequences.
 """
 
+import functools
 import math
-from typing import Callable, Iterable, Sequence
+from typing import Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -49,19 +50,17 @@ def buckets(lengths: Sequence[int], train_max: int) -> dict[int, list[int]]:
   return out
 
 
-def _make_eval_fn(graphdef, task: tasks.Task, bucket: int, num_samples: int,
-                  vocab_size: int) -> Callable:
-  """jitted `(state, key, n) -> metrics` for `num_samples` sequences of input
-  length `n` (traced) padded to the `bucket`."""
-
-  def eval_fn(state, key, n):
-    model = nnx.merge(graphdef, state)
-    lengths = jnp.full((num_samples,), n, jnp.int32)
-    batch = tasks.make_batch(task, key, lengths, vocab_size=vocab_size,
-                             max_input_length=bucket)
-    return masked_metrics(model(batch['inputs']), batch)
-
-  return jax.jit(eval_fn)
+@functools.partial(jax.jit, static_argnames=(
+    'graphdef', 'task', 'bucket', 'num_samples', 'vocab_size'))
+def _evaluate_batch(state, key, n, *, graphdef, task: tasks.Task, bucket: int,
+                    num_samples: int, vocab_size: int) -> dict[str, jax.Array]:
+  """Metrics on `num_samples` sequences of input length `n` (traced) padded
+  to `bucket`: one compilation per bucket, shared by models of one shape."""
+  model = nnx.merge(graphdef, state)
+  lengths = jnp.full((num_samples,), n, jnp.int32)
+  batch = tasks.make_batch(task, key, lengths, vocab_size=vocab_size,
+                           max_input_length=bucket)
+  return masked_metrics(model(batch['inputs']), batch)
 
 
 def evaluate_lengths(model: nnx.Module, task: tasks.Task, lengths: Iterable[int], *,
@@ -74,7 +73,9 @@ def evaluate_lengths(model: nnx.Module, task: tasks.Task, lengths: Iterable[int]
   batch_size = min(batch_size, num_samples)
   num_batches = math.ceil(num_samples / batch_size)
   for bucket, bucket_lengths in buckets(sorted(lengths), train_max).items():
-    eval_fn = _make_eval_fn(graphdef, task, bucket, batch_size, vocab_size)
+    eval_fn = functools.partial(_evaluate_batch, graphdef=graphdef, task=task,
+                                bucket=bucket, num_samples=batch_size,
+                                vocab_size=vocab_size)
     for n in bucket_lengths:
       keys = jax.random.split(jax.random.fold_in(jax.random.key(eval_seed), n), num_batches)
       results = jax.device_get([eval_fn(state, key, jnp.int32(n)) for key in keys])

@@ -1,5 +1,6 @@
 """The training loop: build, compile once, step, log."""
 
+import functools
 import json
 import os
 import time
@@ -8,7 +9,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
+import optax
 import tqdm
 from flax import nnx
 
@@ -16,7 +17,7 @@ from attention_jax import tasks
 from attention_jax.nn.transformer import TransformerLM
 from attention_jax.train.optimizer import learning_rate_schedule
 from attention_jax.train.optimizer import make_optimizer
-from attention_jax.train.step import make_compiled_step
+from attention_jax.train.step import compiled_step
 
 
 def model_max_length(config: ml_collections.ConfigDict) -> int:
@@ -38,8 +39,13 @@ def build_model(config: ml_collections.ConfigDict, seed: int) -> TransformerLM:
 
 
 def train(config: ml_collections.ConfigDict, workdir: Optional[str] = None,
-          *, progress: bool = True) -> tuple[TransformerLM, dict[str, float]]:
+          *, progress: bool = True, tx: Optional[optax.GradientTransformation] = None,
+          ) -> tuple[TransformerLM, dict[str, float]]:
   """Trains one model; returns it and the last step's metrics.
+
+  `tx` defaults to `make_optimizer(config.train)`. The compiled step is cached
+  on the optimizer object, so a sweep passes one `tx` to all its runs to
+  compile once per architecture instead of once per run.
 
   Writes one JSON line per step to `workdir/metrics.jsonl` when `workdir` is
   given. Host-device syncs happen every `config.train.log_every` steps only.
@@ -47,12 +53,12 @@ def train(config: ml_collections.ConfigDict, workdir: Optional[str] = None,
   t_cfg = config.train
   task = tasks.get_task(config.task.name)
   model = build_model(config, t_cfg.seed)
-  optimizer = nnx.Optimizer(model, make_optimizer(t_cfg), wrt=nnx.Param)
+  optimizer = nnx.Optimizer(model, tx or make_optimizer(t_cfg), wrt=nnx.Param)
   graphdef, state = nnx.split((model, optimizer))
-  step_fn = make_compiled_step(
-      graphdef, task, seed=t_cfg.seed, batch_size=t_cfg.batch_size,
-      min_length=config.task.train_min_length, max_length=config.task.train_max_length,
-      vocab_size=config.task.vocab_size)
+  step_fn = functools.partial(
+      compiled_step, seed=jnp.int32(t_cfg.seed), graphdef=graphdef, task=task,
+      batch_size=t_cfg.batch_size, min_length=config.task.train_min_length,
+      max_length=config.task.train_max_length, vocab_size=config.task.vocab_size)
   schedule = learning_rate_schedule(t_cfg)
 
   log_file = None

@@ -1,12 +1,12 @@
 """The pure, compiled train step: `train_step(state, batch) -> (state, metrics)`.
 
 The model and its optimizer travel as one NNX state pytree; `graphdef` (their
-static structure) is closed over. `make_compiled_step` fuses batch generation
-from `(seed, step)` into the same jitted function, with the state donated, so
-one call is one XLA program and no data crosses from the host.
+static structure) is closed over. `compiled_step` fuses batch generation from
+`(seed, step)` into the same jitted function, with the state donated, so one
+call is one XLA program and no data crosses from the host.
 """
 
-from typing import Callable
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -51,16 +51,21 @@ def train_step(graphdef: nnx.GraphDef, state: nnx.State,
   return nnx.state((model, optimizer)), metrics
 
 
-def make_compiled_step(graphdef: nnx.GraphDef, task: tasks.Task, *, seed: int,
-                       batch_size: int, min_length: int, max_length: int,
-                       vocab_size: int) -> Callable:
-  """`step_fn(state, step) -> (state, metrics)`: batch `step` of `seed`
-  generated on device, then `train_step`; jitted once, state donated."""
+@functools.partial(
+    jax.jit, donate_argnames='state',
+    static_argnames=('graphdef', 'task', 'batch_size', 'min_length', 'max_length',
+                     'vocab_size'))
+def compiled_step(state: nnx.State, step: jax.Array, seed: jax.Array, *,
+                  graphdef: nnx.GraphDef, task: tasks.Task, batch_size: int,
+                  min_length: int, max_length: int,
+                  vocab_size: int) -> tuple[nnx.State, dict[str, jax.Array]]:
+  """Batch `step` of `seed` generated on device, then `train_step`; one XLA
+  program, the state donated.
 
-  def step_fn(state, step):
-    batch = tasks.train_batch(task, seed, step, batch_size=batch_size,
-                              min_length=min_length, max_length=max_length,
-                              vocab_size=vocab_size)
-    return train_step(graphdef, state, batch)
-
-  return jax.jit(step_fn, donate_argnums=0)
+  `seed` is traced, so every seed of a sweep shares one compilation (jit's
+  cache is keyed on the static arguments, equal for equal architectures).
+  """
+  batch = tasks.train_batch(task, seed, step, batch_size=batch_size,
+                            min_length=min_length, max_length=max_length,
+                            vocab_size=vocab_size)
+  return train_step(graphdef, state, batch)

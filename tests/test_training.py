@@ -1,0 +1,133 @@
+"""The train step, evaluation and the study, end to end on tiny models."""
+
+import csv
+import json
+import os
+import tempfile
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest
+from absl.testing import parameterized
+from flax import nnx
+
+from attention_jax import evaluate
+from attention_jax import tasks
+from attention_jax import train
+from attention_jax.study import run_study
+from attention_jax.validate import validate_config
+from configs import copy as copy_config
+
+
+def _tiny(**overrides):
+  c = copy_config.get_config('size=tiny')
+  for key, value in overrides.items():
+    section, name = key.split('.')
+    c[section][name] = value
+  return c
+
+
+class LearningTest(absltest.TestCase):
+
+  def test_learns_copy_in_distribution(self):
+    c = copy_config.get_config('size=tiny,pe=rope')
+    c.model.update(d_model=32, num_heads=2, num_layers=2, mlp_dim=64)
+    c.task.update(vocab_size=8, train_max_length=4)
+    c.train.update(batch_size=32, num_steps=400, learning_rate=3e-3, warmup_steps=40,
+                   log_every=100)
+    model, _ = train.train(c, progress=False)
+    rows = evaluate.evaluate_lengths(model, tasks.get_task('copy'), [1, 2, 3, 4], train_max=4,
+                                     num_samples=256, vocab_size=8)
+    accuracy = np.mean([r['token_accuracy'] for r in rows])
+    self.assertGreaterEqual(accuracy, 0.95, rows)
+
+
+class EvaluationTest(absltest.TestCase):
+
+  def test_padding_to_a_bucket_does_not_change_results(self):
+    c = _tiny()
+    model = train.build_model(c, seed=0)
+    task = tasks.get_task('copy')
+    kwargs = dict(num_samples=8, vocab_size=c.task.vocab_size)
+    tight = evaluate.evaluate_lengths(model, task, [3, 5], train_max=3, **kwargs)
+    padded = evaluate.evaluate_lengths(model, task, [3, 5, 16], train_max=3, **kwargs)
+    self.assertEqual(evaluate.buckets([3, 5], 3), {3: [3], 5: [5]})
+    self.assertEqual(evaluate.buckets([3, 5, 16], 3), {3: [3], 8: [5], 16: [16]})
+    self.assertEqual(tight, padded[:2])
+
+  def test_logits_at_real_tokens_ignore_padding(self):
+    c = _tiny()
+    model = train.build_model(c, seed=0)
+    task = tasks.get_task('reverse')
+    lengths = jnp.array([2, 3])
+    short = tasks.make_batch(task, jax.random.key(0), lengths, vocab_size=4, max_input_length=3)
+    long = tasks.make_batch(task, jax.random.key(0), lengths, vocab_size=4, max_input_length=3)
+    t = short['inputs'].shape[1]
+    padded = jnp.pad(long['inputs'], ((0, 0), (0, 9)), constant_values=tasks.PAD)
+    chex.assert_trees_all_close(model(short['inputs']), model(padded)[:, :t], atol=1e-5)
+
+  def test_default_lengths(self):
+    self.assertEqual(evaluate.default_eval_lengths(4, 32),
+                     [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32])
+
+
+class StudyTest(absltest.TestCase):
+
+  def test_tiny_study_writes_every_output_and_resumes(self):
+    c = _tiny()
+    c.study.encodings = ('rope', 'learned')
+    workdir = tempfile.mkdtemp()
+    rows = run_study(c, workdir, log=lambda _: None)
+    for name in ('results.csv', 'summary.md', 'extrapolation.png'):
+      self.assertGreater(os.path.getsize(os.path.join(workdir, name)), 0, name)
+    with open(os.path.join(workdir, 'results.csv')) as f:
+      table = list(csv.DictReader(f))
+    self.assertEqual(list(table[0]), ['task', 'encoding', 'seed', 'length',
+                                      'token_accuracy', 'exact_match'])
+    self.assertEqual(len(table), 2 * 8)  # two encodings, lengths 1…8
+    summary = open(os.path.join(workdir, 'summary.md')).read()
+    self.assertIn('| rope | 1 |', summary)
+    with open(os.path.join(workdir, 'runs/copy/rope/seed0/metrics.jsonl')) as f:
+      steps = [json.loads(line)['step'] for line in f]
+    self.assertEqual(steps, list(range(c.train.num_steps)))
+    # Finished runs are reused, not retrained.
+    messages = []
+    again = run_study(c, workdir, log=messages.append)
+    self.assertTrue(all('finished earlier' in m for m in messages), messages)
+    self.assertEqual(len(again), len(rows))
+
+
+class ConfigValidationTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ('unknown_task', {'task.name': 'sort'}, r"task.name has 'sort'; allowed: \['copy'"),
+      ('unknown_encoding', {'model.encoding': 'rotary'}, r"model.encoding has 'rotary'"),
+      ('heads', {'model.num_heads': 3}, r'model.num_heads=3 must divide model.d_model=16'),
+      ('empty_range', {'task.train_min_length': 5},
+       r'train_min_length=5 > task.train_max_length=4'),
+      ('learned_table', {'model.encoding': 'learned', 'model.max_length': 12},
+       r"model.max_length=12 is too short for 'learned' at eval.max_length=8"),
+      ('eval_length', {'eval.lengths': (3, 9)}, r'eval.lengths contains 9'),
+      ('batch', {'train.batch_size': 0}, r'train.batch_size=0 must be an integer >= 1'),
+      ('odd_rope', {'model.d_model': 6, 'model.num_heads': 2}, r"'rope' needs an even head_dim"),
+  )
+  def test_bad_config_is_one_clear_error(self, overrides, message):
+    c = _tiny(**overrides)
+    with self.assertRaisesRegex(ValueError, message):
+      validate_config(c)
+
+  def test_study_checks_every_encoding_before_training(self):
+    c = _tiny()
+    c.study.encodings = ('rope', 't5')
+    with self.assertRaisesRegex(ValueError, r"study.encodings has 't5'"):
+      run_study(c, tempfile.mkdtemp(), log=lambda _: None)
+
+  def test_bad_preset(self):
+    with self.assertRaisesRegex(ValueError, r"bad config argument 'model=big'"):
+      copy_config.get_config('model=big')
+
+
+if __name__ == '__main__':
+  absltest.main()
