@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test experiment demo bench clean
+.PHONY: test experiment demo clean
 
 # Rebuilt when missing or older than the requirements or the package metadata.
 $(STAMP): requirements.txt pyproject.toml
@@ -17,7 +17,12 @@ $(STAMP): requirements.txt pyproject.toml
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 tests
 
+# The default length-extrapolation study (CPU preset; see configs/copy.py).
 experiment: $(STAMP)
+	$(BIN)/python -m experiments.length_extrapolation --config=configs/copy.py --workdir=runs/copy
+
+# Lesson 7's worked example and shapes, recomputed (seconds).
+demo: $(STAMP)
 	$(BIN)/python -m experiments.lesson_demo
 
 clean:

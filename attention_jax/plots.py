@@ -34,7 +34,7 @@ def plot_extrapolation(rows: Sequence[dict], path: str, *, train_min: int,
         seeds = len({r['seed'] for r in sel})
         line, = ax.plot(lengths, 100 * mean, label=f'{enc} ({seeds} seeds)', lw=1.8)
         ax.fill_between(lengths, 100 * lo, 100 * hi, color=line.get_color(), alpha=0.18)
-      ax.axvspan(train_min - 0.5, train_max + 0.5, color='0.85', zorder=0,
+      ax.axvspan(train_min, train_max, color="0.85", zorder=0,
                  label='training lengths')
       for k in (2, 4, 8):
         ax.axvline(k * train_max, color='0.6', lw=0.8, ls=':', zorder=0)

@@ -62,11 +62,12 @@ class EvaluationTest(absltest.TestCase):
     model = train.build_model(c, seed=0)
     task = tasks.get_task('reverse')
     lengths = jnp.array([2, 3])
-    short = tasks.make_batch(task, jax.random.key(0), lengths, vocab_size=4, max_input_length=3)
-    long = tasks.make_batch(task, jax.random.key(0), lengths, vocab_size=4, max_input_length=3)
-    t = short['inputs'].shape[1]
-    padded = jnp.pad(long['inputs'], ((0, 0), (0, 9)), constant_values=tasks.PAD)
-    chex.assert_trees_all_close(model(short['inputs']), model(padded)[:, :t], atol=1e-5)
+    inputs = tasks.make_batch(task, jax.random.key(0), lengths, vocab_size=4,
+                              max_input_length=3)['inputs']
+    padded = jnp.pad(inputs, ((0, 0), (0, 9)), constant_values=tasks.PAD)
+    forward = nnx.jit(lambda model, tokens: model(tokens))
+    chex.assert_trees_all_close(forward(model, inputs),
+                                forward(model, padded)[:, :inputs.shape[1]], atol=1e-5)
 
   def test_default_lengths(self):
     self.assertEqual(evaluate.default_eval_lengths(4, 32),

@@ -35,6 +35,10 @@ def masked_metrics(logits: jax.Array, batch: dict[str, jax.Array]) -> dict[str, 
   )
 
 
+def _global_norm(tree) -> jax.Array:
+  return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree)))
+
+
 def train_step(graphdef: nnx.GraphDef, state: nnx.State,
                batch: dict[str, jax.Array]) -> tuple[nnx.State, dict[str, jax.Array]]:
   """One AdamW update of the (model, optimizer) `state` on `batch`."""
@@ -46,8 +50,8 @@ def train_step(graphdef: nnx.GraphDef, state: nnx.State,
 
   grads, metrics = nnx.grad(loss_fn, has_aux=True)(model)
   optimizer.update(model, grads)
-  metrics['grad_norm'] = optax.global_norm(grads)
-  metrics['param_norm'] = optax.global_norm(nnx.state(model, nnx.Param))
+  metrics['grad_norm'] = _global_norm(grads)
+  metrics['param_norm'] = _global_norm(nnx.state(model, nnx.Param))
   return nnx.state((model, optimizer)), metrics
 
 
