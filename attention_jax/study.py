@@ -49,7 +49,7 @@ def run_one(config: ml_collections.ConfigDict, workdir: str,
       vocab_size=config.task.vocab_size, eval_seed=config.eval.seed,
       batch_size=config.eval.batch_size)
   eval_seconds = time.perf_counter() - start
-  rows = [dict(task=config.task.name, encoding=config.model.encoding,
+  rows = [dict(task=config.task.name, encoding=run_label(config),
                seed=config.train.seed, **r) for r in per_length]
   with open(os.path.join(workdir, 'run.json'), 'w') as f:
     json.dump(dict(train_seconds=train_seconds, eval_seconds=eval_seconds,
@@ -58,12 +58,26 @@ def run_one(config: ml_collections.ConfigDict, workdir: str,
   return rows
 
 
-def run_config(config: ml_collections.ConfigDict, task: str, encoding: str,
-               seed: int) -> ml_collections.ConfigDict:
-  """`config` with one run's task, encoding and seed filled in."""
-  c = ml_collections.ConfigDict(config.to_dict())
-  c.task.name, c.model.encoding, c.train.seed = task, encoding, seed
-  return c
+def run_label(config: ml_collections.ConfigDict) -> str:
+  """What results.csv's `encoding` column says: the encoding of a transformer,
+  the model kind ('seq2seq', 'seq2seq_attention') of anything else."""
+  return config.model.encoding if config.model.kind == 'transformer' else config.model.kind
+
+
+def run_configs(config: ml_collections.ConfigDict) -> list[ml_collections.ConfigDict]:
+  """One config per run of the sweep: tasks × (transformer encodings, other
+  model kinds) × seeds."""
+  runs = []
+  for task in config.study.tasks:
+    for kind in config.study.models:
+      encodings = config.study.encodings if kind == 'transformer' else ('none',)
+      for encoding in encodings:
+        for seed in config.study.seeds:
+          c = ml_collections.ConfigDict(config.to_dict())
+          c.task.name, c.model.kind, c.model.encoding, c.train.seed = (
+              task, kind, encoding, seed)
+          runs.append(c)
+  return runs
 
 
 def run_study(config: ml_collections.ConfigDict, workdir: str,
@@ -71,27 +85,27 @@ def run_study(config: ml_collections.ConfigDict, workdir: str,
   """The sweep. Writes `results.csv`, `summary.md` and `extrapolation.png`
   into `workdir` and the runs into `workdir/runs/TASK/ENCODING/seedN/`."""
   validate_config(config, study=True)
-  runs = [(t, e, s) for t in config.study.tasks for e in config.study.encodings
-          for s in config.study.seeds]
-  for task, encoding, seed in runs:  # every run's config, checked up front
-    validate_config(run_config(config, task, encoding, seed))
+  runs = run_configs(config)
+  for c in runs:  # every run's config, checked before anything compiles
+    validate_config(c)
   os.makedirs(workdir, exist_ok=True)
   rows, start = [], time.perf_counter()
   tx = make_optimizer(config.train)  # one object: runs share compilations
-  for i, (task, encoding, seed) in enumerate(runs, 1):
-    run_dir = os.path.join(workdir, 'runs', task, encoding, f'seed{seed}')
+  for i, c in enumerate(runs, 1):
+    name = f'{c.task.name} {run_label(c)} seed {c.train.seed}'
+    run_dir = os.path.join(workdir, 'runs', c.task.name, run_label(c), f'seed{c.train.seed}')
     done = os.path.join(run_dir, 'results.csv')
     if os.path.exists(done):
       rows += results.read_rows(done)
-      log(f'[{i}/{len(runs)}] {task} {encoding} seed {seed}: finished earlier, reused')
+      log(f'[{i}/{len(runs)}] {name}: finished earlier, reused')
       continue
-    run_rows = run_one(run_config(config, task, encoding, seed), run_dir, tx)
+    run_rows = run_one(c, run_dir, tx)
     rows += run_rows
     with open(os.path.join(run_dir, 'run.json')) as f:
       info = json.load(f)
     in_range = [r['token_accuracy'] for r in run_rows
                 if r['length'] <= config.task.train_max_length]
-    log(f'[{i}/{len(runs)}] {task} {encoding} seed {seed}: '
+    log(f'[{i}/{len(runs)}] {name}: '
         f"train {info['train_seconds']:.0f}s, eval {info['eval_seconds']:.0f}s, "
         f'token accuracy in training range {100 * sum(in_range) / len(in_range):.1f}%, '
         f"at {run_rows[-1]['length']}: {100 * run_rows[-1]['token_accuracy']:.1f}% "

@@ -6,7 +6,9 @@ Each failure is one `ValueError` naming the key, its value and what is allowed.
 import ml_collections
 
 from attention_jax import tasks
+from attention_jax.nn.additive import SCORES
 from attention_jax.positional import ENCODINGS
+from attention_jax.train.loop import MODEL_KINDS
 
 
 def _require(ok: bool, message: str) -> None:
@@ -21,11 +23,17 @@ def _check_positive(section, names, prefix):
              f'{prefix}.{name}={value!r} must be an integer >= 1.')
 
 
+def _check_names(names, allowed, key):
+  for name in names:
+    _require(name in allowed, f'{key} has {name!r}; allowed: {sorted(allowed)}.')
+
+
 def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -> None:
   """Checks one run's config, or with `study=True` every run of the sweep."""
   t, m, tr, ev = config.task, config.model, config.train, config.eval
   _check_positive(t, ('vocab_size', 'train_min_length', 'train_max_length'), 'task')
-  _check_positive(m, ('d_model', 'num_heads', 'num_layers', 'mlp_dim'), 'model')
+  _check_positive(m, ('d_model', 'num_heads', 'num_layers', 'mlp_dim', 'rnn_hidden_dim'),
+                  'model')
   _check_positive(tr, ('batch_size', 'num_steps', 'log_every'), 'train')
   _check_positive(ev, ('max_length', 'num_samples', 'batch_size'), 'eval')
   _require(t.train_min_length <= t.train_max_length,
@@ -38,23 +46,24 @@ def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -
     _require(isinstance(n, int) and 1 <= n <= ev.max_length,
              f'eval.lengths contains {n!r}; each must be an integer in 1…'
              f'eval.max_length={ev.max_length}.')
-  _require(m.d_model % m.num_heads == 0,
-           f'model.num_heads={m.num_heads} must divide model.d_model={m.d_model}.')
-
   task_names = config.study.tasks if study else (t.name,)
-  encodings = config.study.encodings if study else (m.encoding,)
-  key = 'study.tasks' if study else 'task.name'
-  for name in task_names:
-    _require(name in tasks.TASKS, f'{key} has {name!r}; allowed: {sorted(tasks.TASKS)}.')
-  key = 'study.encodings' if study else 'model.encoding'
-  for name in encodings:
-    _require(name in ENCODINGS, f'{key} has {name!r}; allowed: {sorted(ENCODINGS)}.')
-    if name == 'rope':
-      head_dim = m.d_model // m.num_heads
-      _require(head_dim % 2 == 0,
-               f"'rope' needs an even head_dim; model.d_model // model.num_heads = {head_dim}.")
+  _check_names(task_names, tasks.TASKS, 'study.tasks' if study else 'task.name')
+  kinds = config.study.models if study else (m.kind,)
+  _check_names(kinds, MODEL_KINDS, 'study.models' if study else 'model.kind')
+  _check_names((m.attention_score,), SCORES, 'model.attention_score')
   if study:
     _require(len(config.study.seeds) >= 1, 'study.seeds is empty.')
+  if 'transformer' not in kinds:
+    return  # the remaining checks concern transformers only
+
+  _require(m.d_model % m.num_heads == 0,
+           f'model.num_heads={m.num_heads} must divide model.d_model={m.d_model}.')
+  encodings = config.study.encodings if study else (m.encoding,)
+  _check_names(encodings, ENCODINGS, 'study.encodings' if study else 'model.encoding')
+  if 'rope' in encodings:
+    head_dim = m.d_model // m.num_heads
+    _require(head_dim % 2 == 0,
+             f"'rope' needs an even head_dim; model.d_model // model.num_heads = {head_dim}.")
   # A learned table must hold the longest evaluation sequence.
   if m.max_length and 'learned' in encodings:
     for name in task_names:

@@ -55,12 +55,16 @@ def get_config(arg=None):
   c.task.train_max_length = 8  # longest training input, inclusive ("L_train")
 
   c.model = ml_collections.ConfigDict()
+  c.model.kind = 'transformer'  # transformer | seq2seq | seq2seq_attention (GRU, lesson 7.1)
   c.model.encoding = preset['pe'] or 'rope'  # registry name; see attention_jax.ENCODINGS
-  c.model.d_model = 64  # residual stream width
+  c.model.d_model = 64  # residual stream width (seq2seq: embedding width)
   c.model.num_heads = 4  # attention heads; must divide d_model
   c.model.num_layers = 2  # pre-LayerNorm transformer blocks
   c.model.mlp_dim = 256  # hidden width of each block's MLP
   c.model.max_length = 0  # positions covered (learned table); 0 = the longest eval sequence
+  c.model.rnn_hidden_dim = 128  # seq2seq only: GRU state width
+  c.model.bidirectional = False  # seq2seq only: forward + backward GRU encoder
+  c.model.attention_score = 'additive'  # seq2seq_attention only: additive (Bahdanau) | dot (Luong)
 
   c.train = ml_collections.ConfigDict()
   c.train.seed = 0  # parameters and the training data stream
@@ -84,6 +88,7 @@ def get_config(arg=None):
 
   c.study = ml_collections.ConfigDict()
   c.study.tasks = (preset['task'],)  # tasks swept by length_extrapolation.py
+  c.study.models = ('transformer',)  # model kinds swept; encodings apply to transformers
   c.study.encodings = (preset['pe'],) if preset['pe'] else ENCODINGS  # encodings swept
   c.study.seeds = (0, 1, 2)  # training seeds swept (overrides train.seed)
   c.progress = True  # show a progress bar

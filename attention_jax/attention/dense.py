@@ -28,6 +28,22 @@ def _check_broadcast(name: str, x: jnp.ndarray, target: tuple[int, ...]) -> None
         f'{name} has shape {x.shape}, which does not broadcast to {target}.')
 
 
+def masked_softmax(scores: jnp.ndarray, mask: Optional[jnp.ndarray]) -> jnp.ndarray:
+  """Softmax over the last axis of `scores`, restricted to `mask` (True = keep).
+
+  Masked entries get exactly zero weight; a row with nothing kept is all
+  zeros (not uniform, not NaN), with zero gradients. Computed in the dtype of
+  `scores` (callers pass float32 or wider).
+  """
+  if mask is None:
+    return jax.nn.softmax(scores, axis=-1)
+  if mask.dtype != jnp.bool_:
+    raise TypeError(f'mask must be boolean (True = attend), got {mask.dtype}.')
+  weights = jax.nn.softmax(jnp.where(mask, scores, MASK_VALUE), axis=-1)
+  # Only changes rows whose keys are all masked: softmax made them uniform.
+  return jnp.where(mask, weights, 0.0)
+
+
 def dot_product_attention(
     q: jnp.ndarray,
     k: jnp.ndarray,
@@ -68,13 +84,7 @@ def dot_product_attention(
     scores = scores + bias.astype(compute_dtype)
   if mask is not None:
     _check_broadcast('mask', mask, scores_shape)
-    if mask.dtype != jnp.bool_:
-      raise TypeError(f'mask must be boolean (True = attend), got {mask.dtype}.')
-    scores = jnp.where(mask, scores, MASK_VALUE)
-  weights = jax.nn.softmax(scores, axis=-1)
-  if mask is not None:
-    # Only changes rows whose keys are all masked: softmax made them uniform.
-    weights = jnp.where(mask, weights, 0.0)
+  weights = masked_softmax(scores, mask)
   out = jnp.einsum('qk,kd->qd', weights, v, preferred_element_type=compute_dtype)
   return out.astype(v.dtype), weights
 

@@ -1,10 +1,12 @@
 """Accuracy per input length, far beyond the training lengths.
 
+Padding is invisible to the real tokens: under the causal mask for the
+transformer, through `seq_lengths` and the attention mask for seq2seq models.
+
 Lengths are grouped into buckets (powers of two of the input length, at least
 the training maximum): every length in a bucket is padded to the bucket's size
 and shares one compiled program, so evaluating dozens of lengths costs a
-handful of compilations. Padding is invisible to the real tokens under the
-causal mask, so results do not depend on the bucketing (tested).
+handful of compilations; results do not depend on the bucketing (tested).
 
 Evaluation data depend on `(eval_seed, length)` only: every encoding and every
 training seed is scored on the same sequences.
@@ -20,7 +22,7 @@ import numpy as np
 from flax import nnx
 
 from attention_jax import tasks
-from attention_jax.train.step import masked_metrics
+from attention_jax.train.step import prediction_metrics
 
 
 def default_eval_lengths(train_max: int, eval_max: int) -> list[int]:
@@ -55,12 +57,14 @@ def buckets(lengths: Sequence[int], train_max: int) -> dict[int, list[int]]:
 def _evaluate_batch(state, key, n, *, graphdef, task: tasks.Task, bucket: int,
                     num_samples: int, vocab_size: int) -> dict[str, jax.Array]:
   """Metrics on `num_samples` sequences of input length `n` (traced) padded
-  to `bucket`: one compilation per bucket, shared by models of one shape."""
+  to `bucket`: one compilation per bucket, shared by models of one shape.
+  Predictions are the model's `predict_batch`: teacher-forced argmax for the
+  transformer, greedy decoding for seq2seq models."""
   model = nnx.merge(graphdef, state)
   lengths = jnp.full((num_samples,), n, jnp.int32)
-  batch = tasks.make_batch(task, key, lengths, vocab_size=vocab_size,
-                           max_input_length=bucket)
-  return masked_metrics(model(batch['inputs']), batch)
+  batch = tasks.LAYOUTS[model.batch_layout](
+      task, key, lengths, vocab_size=vocab_size, max_input_length=bucket)
+  return prediction_metrics(model.predict_batch(batch), batch)
 
 
 def evaluate_lengths(model: nnx.Module, task: tasks.Task, lengths: Iterable[int], *,

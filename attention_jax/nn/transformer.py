@@ -56,6 +56,8 @@ class TransformerLM(nnx.Module):
     rngs: `nnx.Rngs` for the parameters.
   """
 
+  batch_layout = 'decoder_only'
+
   def __init__(self, *, vocab_size: int, d_model: int, num_heads: int,
                num_layers: int, mlp_dim: int, encoding: str,
                max_length: Optional[int], rngs: nnx.Rngs):
@@ -89,3 +91,11 @@ class TransformerLM(nnx.Module):
       all_weights.append(weights)
     logits = self.unembed(self.final_norm(x)).astype(jnp.float32)
     return (logits, all_weights) if return_weights else logits
+
+  def forward_batch(self, batch) -> jax.Array:
+    """Logits aligned with `batch['targets']` (the `decoder_only` layout)."""
+    return self(batch['inputs'])
+
+  def predict_batch(self, batch) -> jax.Array:
+    """Teacher-forced argmax predictions aligned with `batch['targets']`."""
+    return jnp.argmax(self.forward_batch(batch), -1).astype(jnp.int32)

@@ -95,6 +95,39 @@ def make_batch(task: Task, key: jax.Array, lengths: jax.Array, *,
               loss_mask=is_output[:, 1:], lengths=lengths)
 
 
+def make_seq2seq_batch(task: Task, key: jax.Array, lengths: jax.Array, *,
+                       vocab_size: int, max_input_length: int) -> dict[str, jax.Array]:
+  """The same examples as `make_batch` (same key, same x), laid out for an
+  encoder-decoder: N = max_input_length, M = output_factor * N.
+
+  Returns:
+    source: int32 `[B, N]`, x then PAD.
+    source_mask: bool `[B, N]`, True on x.
+    decoder_inputs: int32 `[B, M + 1]`, BOS y_1 … y_m then PAD (teacher forcing).
+    targets: int32 `[B, M + 1]`, y_1 … y_m EOS then PAD.
+    loss_mask: bool `[B, M + 1]`, True on y and EOS.
+    lengths: `[B]`.
+  """
+  b = lengths.shape[0]
+  x = jax.random.randint(key, (b, max_input_length), NUM_SPECIAL,
+                         NUM_SPECIAL + vocab_size, jnp.int32)
+  n = lengths.astype(jnp.int32)[:, None]
+  m = task.output_factor * n
+  source_mask = jnp.arange(max_input_length)[None, :] < n
+  out_len = task.output_factor * max_input_length + 1
+  j = jnp.broadcast_to(jnp.arange(out_len, dtype=jnp.int32)[None, :], (b, out_len))
+  y = task.rule(x, lengths.astype(jnp.int32), jnp.minimum(j, out_len - 2))
+  targets = jnp.select([j < m, j == m], [y, EOS], PAD).astype(jnp.int32)
+  decoder_inputs = jnp.concatenate(
+      [jnp.full((b, 1), BOS, jnp.int32), jnp.where(j < m, y, PAD)[:, :-1]], axis=1)
+  return dict(source=jnp.where(source_mask, x, PAD), source_mask=source_mask,
+              decoder_inputs=decoder_inputs, targets=targets, loss_mask=j <= m,
+              lengths=lengths)
+
+
+LAYOUTS = {'decoder_only': make_batch, 'seq2seq': make_seq2seq_batch}
+
+
 def sample_lengths(key: jax.Array, batch_size: int, min_length: int,
                    max_length: int) -> jax.Array:
   """Input lengths uniform in [min_length, max_length], int32 `[batch_size]`."""
@@ -102,10 +135,11 @@ def sample_lengths(key: jax.Array, batch_size: int, min_length: int,
 
 
 def train_batch(task: Task, seed: int, step: jax.Array, *, batch_size: int,
-                min_length: int, max_length: int, vocab_size: int) -> dict[str, jax.Array]:
+                min_length: int, max_length: int, vocab_size: int,
+                layout: str = 'decoder_only') -> dict[str, jax.Array]:
   """The training batch of `step` for `seed`: the same on every run."""
   key = jax.random.fold_in(jax.random.key(seed), step)
   length_key, token_key = jax.random.split(key)
   lengths = sample_lengths(length_key, batch_size, min_length, max_length)
-  return make_batch(task, token_key, lengths, vocab_size=vocab_size,
-                    max_input_length=max_length)
+  return LAYOUTS[layout](task, token_key, lengths, vocab_size=vocab_size,
+                         max_input_length=max_length)

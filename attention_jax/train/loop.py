@@ -14,6 +14,7 @@ import tqdm
 from flax import nnx
 
 from attention_jax import tasks
+from attention_jax.nn.seq2seq import Seq2Seq
 from attention_jax.nn.transformer import TransformerLM
 from attention_jax.train.optimizer import learning_rate_schedule
 from attention_jax.train.optimizer import make_optimizer
@@ -29,8 +30,18 @@ def model_max_length(config: ml_collections.ConfigDict) -> int:
   return tasks.sequence_length(task, config.eval.max_length) - 1
 
 
-def build_model(config: ml_collections.ConfigDict, seed: int) -> TransformerLM:
+MODEL_KINDS = ('transformer', 'seq2seq', 'seq2seq_attention')
+
+
+def build_model(config: ml_collections.ConfigDict, seed: int) -> nnx.Module:
+  """The model `config.model.kind` names, parameters drawn from `seed`."""
   m = config.model
+  if m.kind in ('seq2seq', 'seq2seq_attention'):
+    return Seq2Seq(
+        vocab_size=config.task.vocab_size + tasks.NUM_SPECIAL, embed_dim=m.d_model,
+        hidden_dim=m.rnn_hidden_dim, attention=m.kind == 'seq2seq_attention',
+        bidirectional=m.bidirectional, score=m.attention_score,
+        rngs=nnx.Rngs(params=seed))
   return TransformerLM(
       vocab_size=config.task.vocab_size + tasks.NUM_SPECIAL, d_model=m.d_model,
       num_heads=m.num_heads, num_layers=m.num_layers, mlp_dim=m.mlp_dim,
@@ -40,7 +51,7 @@ def build_model(config: ml_collections.ConfigDict, seed: int) -> TransformerLM:
 
 def train(config: ml_collections.ConfigDict, workdir: Optional[str] = None,
           *, progress: bool = True, tx: Optional[optax.GradientTransformation] = None,
-          ) -> tuple[TransformerLM, dict[str, float]]:
+          ) -> tuple[nnx.Module, dict[str, float]]:
   """Trains one model; returns it and the last step's metrics.
 
   `tx` defaults to `make_optimizer(config.train)`. The compiled step is cached
@@ -58,7 +69,8 @@ def train(config: ml_collections.ConfigDict, workdir: Optional[str] = None,
   step_fn = functools.partial(
       compiled_step, seed=jnp.int32(t_cfg.seed), graphdef=graphdef, task=task,
       batch_size=t_cfg.batch_size, min_length=config.task.train_min_length,
-      max_length=config.task.train_max_length, vocab_size=config.task.vocab_size)
+      max_length=config.task.train_max_length, vocab_size=config.task.vocab_size,
+      layout=model.batch_layout)
   schedule = learning_rate_schedule(t_cfg)
 
   log_file = None

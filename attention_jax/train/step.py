@@ -16,23 +16,29 @@ from flax import nnx
 from attention_jax import tasks
 
 
-def masked_metrics(logits: jax.Array, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
-  """Loss and accuracies over the output tokens (`batch['loss_mask']`).
-
-  Returns scalars: loss (mean cross-entropy per output token), token_accuracy,
-  exact_match (fraction of sequences with every output token right — under
-  teacher forcing the same as greedy decoding getting it all right).
-  """
+def prediction_metrics(predictions: jax.Array,
+                       batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+  """Accuracies of int `predictions` `[B, T]` over the output tokens
+  (`batch['loss_mask']`): token_accuracy, and exact_match, the fraction of
+  sequences with every output token right (under teacher forcing the same as
+  greedy decoding getting it all right)."""
   mask = batch['loss_mask']
-  weight = mask.astype(jnp.float32)
-  num_tokens = jnp.maximum(weight.sum(), 1.0)
-  losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch['targets'])
-  correct = (jnp.argmax(logits, -1) == batch['targets']) | ~mask
+  num_tokens = jnp.maximum(mask.sum().astype(jnp.float32), 1.0)
+  correct = (predictions == batch['targets']) | ~mask
   return dict(
-      loss=jnp.sum(losses * weight) / num_tokens,
       token_accuracy=jnp.sum((correct & mask).astype(jnp.float32)) / num_tokens,
       exact_match=jnp.mean(jnp.all(correct, axis=-1).astype(jnp.float32)),
   )
+
+
+def masked_metrics(logits: jax.Array, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+  """Loss (mean cross-entropy per output token) and the teacher-forced
+  `prediction_metrics` of `logits` `[B, T, V]`."""
+  weight = batch['loss_mask'].astype(jnp.float32)
+  losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch['targets'])
+  metrics = prediction_metrics(jnp.argmax(logits, -1), batch)
+  metrics['loss'] = jnp.sum(losses * weight) / jnp.maximum(weight.sum(), 1.0)
+  return metrics
 
 
 def _global_norm(tree) -> jax.Array:
@@ -45,7 +51,7 @@ def train_step(graphdef: nnx.GraphDef, state: nnx.State,
   model, optimizer = nnx.merge(graphdef, state)
 
   def loss_fn(model):
-    metrics = masked_metrics(model(batch['inputs']), batch)
+    metrics = masked_metrics(model.forward_batch(batch), batch)
     return metrics['loss'], metrics
 
   grads, metrics = nnx.grad(loss_fn, has_aux=True)(model)
@@ -58,11 +64,11 @@ def train_step(graphdef: nnx.GraphDef, state: nnx.State,
 @functools.partial(
     jax.jit, donate_argnames='state',
     static_argnames=('graphdef', 'task', 'batch_size', 'min_length', 'max_length',
-                     'vocab_size'))
+                     'vocab_size', 'layout'))
 def compiled_step(state: nnx.State, step: jax.Array, seed: jax.Array, *,
                   graphdef: nnx.GraphDef, task: tasks.Task, batch_size: int,
-                  min_length: int, max_length: int,
-                  vocab_size: int) -> tuple[nnx.State, dict[str, jax.Array]]:
+                  min_length: int, max_length: int, vocab_size: int,
+                  layout: str) -> tuple[nnx.State, dict[str, jax.Array]]:
   """Batch `step` of `seed` generated on device, then `train_step`; one XLA
   program, the state donated.
 
@@ -71,5 +77,5 @@ def compiled_step(state: nnx.State, step: jax.Array, seed: jax.Array, *,
   """
   batch = tasks.train_batch(task, seed, step, batch_size=batch_size,
                             min_length=min_length, max_length=max_length,
-                            vocab_size=vocab_size)
+                            vocab_size=vocab_size, layout=layout)
   return train_step(graphdef, state, batch)

@@ -1,0 +1,59 @@
+"""`AdditiveAttention`: Bahdanau attention (or Luong's dot score) as an NNX module."""
+
+from typing import Optional
+
+import jax.numpy as jnp
+from flax import nnx
+
+from attention_jax.attention import additive_scores
+from attention_jax.attention import attend
+from attention_jax.attention import dot_scores
+
+SCORES = ('additive', 'dot')
+
+
+class AdditiveAttention(nnx.Module):
+  """Context vector over encoder states for one decoder state per example.
+
+  Args:
+    query_dim: width of the decoder state s.
+    key_dim: width of the encoder states h (also the context's width).
+    attention_dim: width A of `W s + U h` (additive score only).
+    score: 'additive' (vᵀ tanh(W s + U h), Bahdanau) or 'dot' (sᵀ h, Luong;
+      needs query_dim == key_dim and has no parameters).
+    rngs: `nnx.Rngs` for the parameters.
+  """
+
+  def __init__(self, query_dim: int, key_dim: int, attention_dim: int = 0, *,
+               score: str = 'additive', rngs: nnx.Rngs):
+    if score not in SCORES:
+      raise ValueError(f'score={score!r}; choose one of {SCORES}.')
+    if score == 'dot' and query_dim != key_dim:
+      raise ValueError(
+          f"score='dot' needs query_dim == key_dim, got {query_dim} and {key_dim}.")
+    self.score = score
+    if score == 'additive':
+      attention_dim = attention_dim or key_dim
+      self.W = nnx.Linear(query_dim, attention_dim, use_bias=False, rngs=rngs)
+      self.U = nnx.Linear(key_dim, attention_dim, use_bias=True, rngs=rngs)
+      self.v = nnx.Param(nnx.initializers.lecun_normal()(
+          rngs.params(), (attention_dim, 1))[:, 0])
+
+  def project_keys(self, keys: jnp.ndarray) -> Optional[jnp.ndarray]:
+    """`U h` for encoder states `[..., T, key_dim]`, computed once per sequence
+    (None for the dot score)."""
+    return self.U(keys) if self.score == 'additive' else None
+
+  def __call__(self, query: jnp.ndarray, keys: jnp.ndarray, *,
+               mask: Optional[jnp.ndarray] = None,
+               keys_proj: Optional[jnp.ndarray] = None):
+    """query `[..., query_dim]`, keys `[..., T, key_dim]`, mask bool `[..., T]`
+    (True = real position), keys_proj from `project_keys` (optional) ->
+    `(context [..., key_dim], weights float32 [..., T])`."""
+    if self.score == 'dot':
+      scores = dot_scores(query, keys)
+    else:
+      if keys_proj is None:
+        keys_proj = self.project_keys(keys)
+      scores = additive_scores(self.W(query), keys_proj, self.v[...])
+    return attend(scores, keys, mask)

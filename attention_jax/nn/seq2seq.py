@@ -1,0 +1,122 @@
+"""RNN encoder-decoder, with or without Bahdanau attention (lesson 7.1).
+
+* `attention=False`: the classic bottleneck. The decoder starts from the
+  encoder's final state (at each sequence's last real token) and never sees
+  any other encoder state.
+* `attention=True`: Bahdanau et al. (2015). At every step the decoder's
+  previous state s_{i-1} scores all encoder states, and the context c_i feeds
+  the GRU input and the readout: s_i = GRU(s_{i-1}, [emb(y_{i-1}); c_i]),
+  logits_i = W [s_i; c_i].
+
+GRU cells run under `nnx.RNN` (encoder) and `nnx.scan` (decoder): no Python
+loop over time. Training uses teacher forcing; `greedy_decode` feeds back the
+model's own argmax.
+"""
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from attention_jax.nn.additive import AdditiveAttention
+from attention_jax.tasks import BOS
+
+
+class Seq2Seq(nnx.Module):
+  """GRU encoder-decoder on the `seq2seq` batch layout of `attention_jax.tasks`.
+
+  Args:
+    vocab_size: token ids (source and target share the vocabulary).
+    embed_dim, hidden_dim: embedding and GRU widths.
+    attention: add Bahdanau attention over the encoder states.
+    bidirectional: a forward and a backward GRU encoder, concatenated.
+    score: 'additive' (Bahdanau) or 'dot' (Luong) attention score.
+    rngs: `nnx.Rngs` for the parameters.
+  """
+
+  batch_layout = 'seq2seq'
+
+  def __init__(self, *, vocab_size: int, embed_dim: int, hidden_dim: int,
+               attention: bool, bidirectional: bool = False,
+               score: str = 'additive', rngs: nnx.Rngs):
+    self.embed = nnx.Embed(vocab_size, embed_dim, rngs=rngs)
+    forward = nnx.RNN(nnx.GRUCell(embed_dim, hidden_dim, rngs=rngs), return_carry=True)
+    if bidirectional:
+      backward = nnx.RNN(nnx.GRUCell(embed_dim, hidden_dim, rngs=rngs),
+                         return_carry=True, reverse=True, keep_order=True)
+      self.encoder = nnx.Bidirectional(forward, backward, return_carry=True)
+    else:
+      self.encoder = forward
+    self.bidirectional = bidirectional
+    encoder_dim = hidden_dim * (2 if bidirectional else 1)
+    self.bridge = nnx.Linear(encoder_dim, hidden_dim, rngs=rngs)
+    context_dim = encoder_dim if attention else 0
+    self.decoder_cell = nnx.GRUCell(embed_dim + context_dim, hidden_dim, rngs=rngs)
+    self.attention = (AdditiveAttention(hidden_dim, encoder_dim, hidden_dim, score=score,
+                                        rngs=rngs) if attention else None)
+    self.readout = nnx.Linear(hidden_dim + context_dim, vocab_size, rngs=rngs)
+
+  def encode(self, source: jax.Array, source_mask: jax.Array):
+    """source `[B, N]`, mask `[B, N]` -> (states `[B, N, E]`, decoder s_0 `[B, H]`)."""
+    lengths = source_mask.sum(-1).astype(jnp.int32)
+    carry, states = self.encoder(self.embed(source), seq_lengths=lengths)
+    if self.bidirectional:
+      carry = jnp.concatenate(carry, axis=-1)
+    return states, jnp.tanh(self.bridge(carry))
+
+  def _step(self, state, token_embedding, memory):
+    """One decoder step from s_{i-1}; returns (s_i, logits_i, weights_i)."""
+    states, keys_proj, mask = memory
+    if self.attention is None:
+      new_state, _ = self.decoder_cell(state, token_embedding)
+      return new_state, self.readout(new_state), None
+    context, weights = self.attention(state, states, mask=mask, keys_proj=keys_proj)
+    new_state, _ = self.decoder_cell(state, jnp.concatenate([token_embedding, context], -1))
+    return new_state, self.readout(jnp.concatenate([new_state, context], -1)), weights
+
+  def _memory(self, states, source_mask):
+    keys_proj = self.attention.project_keys(states) if self.attention else None
+    return states, keys_proj, source_mask
+
+  def __call__(self, source, source_mask, decoder_inputs, *, return_weights: bool = False):
+    """Teacher-forced logits float32 `[B, M, vocab]` for decoder_inputs `[B, M]`
+    (and attention weights `[B, M, N]` with `return_weights`)."""
+    states, state = self.encode(source, source_mask)
+    memory = self._memory(states, source_mask)
+
+    @nnx.scan(in_axes=(None, nnx.Carry, 1, None), out_axes=(nnx.Carry, 1))
+    def run(model, state, embedding, memory):
+      state, logits, weights = model._step(state, embedding, memory)  # pylint: disable=protected-access
+      return state, (logits, weights)
+
+    _, (logits, weights) = run(self, state, self.embed(decoder_inputs), memory)
+    logits = logits.astype(jnp.float32)
+    return (logits, weights) if return_weights else logits
+
+  def greedy_decode(self, source, source_mask, num_steps: int,
+                    return_weights: bool = False):
+    """Feeds back its own argmax from BOS for `num_steps` steps ->
+    int32 predictions `[B, num_steps]` (and weights `[B, num_steps, N]`)."""
+    states, state = self.encode(source, source_mask)
+    memory = self._memory(states, source_mask)
+    first = jnp.full(source.shape[:1], BOS, jnp.int32)
+
+    @nnx.scan(in_axes=(None, nnx.Carry, None), out_axes=(nnx.Carry, 1), length=num_steps)
+    def run(model, carry, memory):
+      state, token = carry
+      state, logits, weights = model._step(state, model.embed(token), memory)  # pylint: disable=protected-access
+      token = jnp.argmax(logits, -1).astype(jnp.int32)
+      return (state, token), (token, weights)
+
+    _, (tokens, weights) = run(self, (state, first), memory)
+    return (tokens, weights) if return_weights else tokens
+
+  def forward_batch(self, batch) -> jax.Array:
+    """Teacher-forced logits aligned with `batch['targets']`."""
+    return self(batch['source'], batch['source_mask'], batch['decoder_inputs'])
+
+  def predict_batch(self, batch) -> jax.Array:
+    """Greedy predictions aligned with `batch['targets']`."""
+    return self.greedy_decode(batch['source'], batch['source_mask'],
+                              batch['targets'].shape[1])
