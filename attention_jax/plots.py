@@ -48,3 +48,24 @@ def plot_extrapolation(rows: Sequence[dict], path: str, *, train_min: int,
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
+
+
+def plot_alignments(panels: Sequence[tuple[str, dict]], path: str) -> None:
+  """Heat maps of attention weights, one panel per `(title, alignment)`, with
+  `alignment` as returned by `evaluate.seq2seq_alignment`: rows are decoder
+  steps (outputs), columns encoder positions (inputs); a wrong prediction's
+  row is marked with a red tick."""
+  fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 5), squeeze=False)
+  for ax, (title, a) in zip(axes[0], panels):
+    image = ax.imshow(a['weights'], cmap='viridis', vmin=0, vmax=1, aspect='auto',
+                      interpolation='nearest')
+    wrong = np.flatnonzero(a['prediction'] != a['target'])
+    ax.plot(np.full(len(wrong), -0.9), wrong, '>', color='red', ms=4, clip_on=False)
+    ax.set_xlabel('encoder position j (input token)')
+    ax.set_ylabel('decoder step i (output token; last = EOS)')
+    correct = 100 * np.mean(a['prediction'] == a['target'])
+    ax.set_title(f'{title}\n{correct:.0f}% of output tokens right (red: wrong)')
+    fig.colorbar(image, ax=ax, fraction=0.046, label='α_ij')
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)

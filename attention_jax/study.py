@@ -13,6 +13,7 @@ from typing import Callable, Optional
 
 import ml_collections
 import optax
+from flax import nnx
 
 from attention_jax import results
 from attention_jax import tasks
@@ -24,14 +25,21 @@ from attention_jax.train import train
 from attention_jax.validate import validate_config
 
 
+OnTrained = Callable[[nnx.Module, ml_collections.ConfigDict, str], None]
+
+
 def eval_lengths(config: ml_collections.ConfigDict) -> list[int]:
   return sorted(config.eval.lengths) or default_eval_lengths(
       config.task.train_max_length, config.eval.max_length)
 
 
 def run_one(config: ml_collections.ConfigDict, workdir: str,
-            tx: Optional[optax.GradientTransformation] = None) -> list[dict]:
+            tx: Optional[optax.GradientTransformation] = None,
+            on_trained: Optional[OnTrained] = None) -> list[dict]:
   """Trains one model and evaluates it at every length.
+
+  `on_trained(model, config, workdir)`, if given, is called with the trained
+  model (to draw a figure from it, say) before evaluation.
 
   Writes `metrics.jsonl` (every training step), `results.csv` (one row per
   length, written last: its presence marks the run finished) and `run.json`
@@ -42,6 +50,8 @@ def run_one(config: ml_collections.ConfigDict, workdir: str,
   start = time.perf_counter()
   model, last = train(config, workdir, progress=config.progress, tx=tx)
   train_seconds = time.perf_counter() - start
+  if on_trained:
+    on_trained(model, config, workdir)
   start = time.perf_counter()
   per_length = evaluate_lengths(
       model, tasks.get_task(config.task.name), eval_lengths(config),
@@ -81,9 +91,11 @@ def run_configs(config: ml_collections.ConfigDict) -> list[ml_collections.Config
 
 
 def run_study(config: ml_collections.ConfigDict, workdir: str,
-              log: Callable[[str], None] = print) -> list[dict]:
+              log: Callable[[str], None] = print,
+              on_trained: Optional[OnTrained] = None) -> list[dict]:
   """The sweep. Writes `results.csv`, `summary.md` and `extrapolation.png`
-  into `workdir` and the runs into `workdir/runs/TASK/ENCODING/seedN/`."""
+  into `workdir` and the runs into `workdir/runs/TASK/LABEL/seedN/` (LABEL:
+  see `run_label`). `on_trained` is passed to every `run_one`."""
   validate_config(config, study=True)
   runs = run_configs(config)
   for c in runs:  # every run's config, checked before anything compiles
@@ -99,7 +111,7 @@ def run_study(config: ml_collections.ConfigDict, workdir: str,
       rows += results.read_rows(done)
       log(f'[{i}/{len(runs)}] {name}: finished earlier, reused')
       continue
-    run_rows = run_one(c, run_dir, tx)
+    run_rows = run_one(c, run_dir, tx, on_trained)
     rows += run_rows
     with open(os.path.join(run_dir, 'run.json')) as f:
       info = json.load(f)
