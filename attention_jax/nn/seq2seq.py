@@ -41,14 +41,16 @@ class Seq2Seq(nnx.Module):
                attention: bool, bidirectional: bool = False,
                score: str = 'additive', rngs: nnx.Rngs):
     self.embed = nnx.Embed(vocab_size, embed_dim, rngs=rngs)
-    forward = nnx.RNN(nnx.GRUCell(embed_dim, hidden_dim, rngs=rngs), return_carry=True)
+    # rngs=False: no dropout, so the RNNs hold no random state to mutate.
+    forward = nnx.RNN(nnx.GRUCell(embed_dim, hidden_dim, rngs=rngs), return_carry=True,
+                      rngs=False)
     if bidirectional:
       backward = nnx.RNN(nnx.GRUCell(embed_dim, hidden_dim, rngs=rngs),
-                         return_carry=True, reverse=True, keep_order=True)
-      self.encoder = nnx.Bidirectional(forward, backward, return_carry=True)
+                         return_carry=True, reverse=True, keep_order=True, rngs=False)
+      self.encoder = nnx.Bidirectional(forward, backward, return_carry=True, rngs=False)
     else:
       self.encoder = forward
-    self.bidirectional = bidirectional
+    self.bidirectional, self.hidden_dim = bidirectional, hidden_dim
     encoder_dim = hidden_dim * (2 if bidirectional else 1)
     self.bridge = nnx.Linear(encoder_dim, hidden_dim, rngs=rngs)
     context_dim = encoder_dim if attention else 0
@@ -60,7 +62,10 @@ class Seq2Seq(nnx.Module):
   def encode(self, source: jax.Array, source_mask: jax.Array):
     """source `[B, N]`, mask `[B, N]` -> (states `[B, N, E]`, decoder s_0 `[B, H]`)."""
     lengths = source_mask.sum(-1).astype(jnp.int32)
-    carry, states = self.encoder(self.embed(source), seq_lengths=lengths)
+    zeros = jnp.zeros((source.shape[0], self.hidden_dim), jnp.float32)
+    carry, states = self.encoder(
+        self.embed(source), seq_lengths=lengths,
+        initial_carry=(zeros, zeros) if self.bidirectional else zeros)
     if self.bidirectional:
       carry = jnp.concatenate(carry, axis=-1)
     return states, jnp.tanh(self.bridge(carry))
@@ -83,6 +88,14 @@ class Seq2Seq(nnx.Module):
     """Teacher-forced logits float32 `[B, M, vocab]` for decoder_inputs `[B, M]`
     (and attention weights `[B, M, N]` with `return_weights`)."""
     states, state = self.encode(source, source_mask)
+    return self.decode(states, state, source_mask, decoder_inputs,
+                       return_weights=return_weights)
+
+  def decode(self, states, state, source_mask, decoder_inputs, *,
+             return_weights: bool = False):
+    """Teacher-forced decoding from encoder `states` `[B, N, E]` and initial
+    decoder state `[B, H]`; see `__call__`. Without attention `states` is
+    unused: the decoder's only view of the source is `state`."""
     memory = self._memory(states, source_mask)
 
     @nnx.scan(in_axes=(None, nnx.Carry, 1, None), out_axes=(nnx.Carry, 1))
