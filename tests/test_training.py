@@ -100,6 +100,16 @@ class StudyTest(absltest.TestCase):
     self.assertEqual(len(again), len(rows))
 
 
+  def test_seq2seq_models_in_the_sweep(self):
+    c = _tiny()
+    c.study.models = ('seq2seq', 'seq2seq_attention')
+    workdir = tempfile.mkdtemp()
+    rows = run_study(c, workdir, log=lambda _: None)
+    self.assertEqual(sorted({r['encoding'] for r in rows}), ['seq2seq', 'seq2seq_attention'])
+    self.assertTrue(os.path.exists(
+        os.path.join(workdir, 'runs/copy/seq2seq_attention/seed0/results.csv')))
+
+
 class ConfigValidationTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
@@ -113,6 +123,8 @@ class ConfigValidationTest(parameterized.TestCase):
       ('eval_length', {'eval.lengths': (3, 9)}, r'eval.lengths contains 9'),
       ('batch', {'train.batch_size': 0}, r'train.batch_size=0 must be an integer >= 1'),
       ('odd_rope', {'model.d_model': 6, 'model.num_heads': 2}, r"'rope' needs an even head_dim"),
+      ('kind', {'model.kind': 'lstm'}, r"model.kind has 'lstm'; allowed"),
+      ('score', {'model.attention_score': 'cosine'}, r"model.attention_score has 'cosine'"),
   )
   def test_bad_config_is_one_clear_error(self, overrides, message):
     c = _tiny(**overrides)

@@ -2,3 +2,6 @@
 
 from attention_jax.nn.attention import MultiHeadAttention
 from attention_jax.nn.attention import SelfAttention
+from attention_jax.nn.additive import AdditiveAttention
+from attention_jax.nn.seq2seq import Seq2Seq
+from attention_jax.nn.transformer import TransformerLM
