@@ -69,3 +69,24 @@ def plot_alignments(panels: Sequence[tuple[str, dict]], path: str) -> None:
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
+
+
+def plot_training_curves(curves: dict[str, list[dict]], path: str) -> None:
+  """Loss and token accuracy vs step, one line per run: `curves` maps a run's
+  label to its `metrics.jsonl` rows."""
+  fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+  for label, rows in curves.items():
+    steps = [r['step'] for r in rows]
+    line, = axes[0].plot(steps, [r['loss'] for r in rows], lw=1, label=label)
+    axes[1].plot(steps, [100 * r['token_accuracy'] for r in rows], lw=1,
+                 color=line.get_color())
+  axes[0].set_yscale('log')
+  axes[0].set_ylabel('training loss (output tokens)')
+  axes[1].set_ylabel('training token accuracy (%)')
+  for ax in axes:
+    ax.set_xlabel('step')
+    ax.grid(alpha=0.3)
+  axes[0].legend(fontsize=7, ncol=2)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)

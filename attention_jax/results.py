@@ -6,7 +6,9 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-FIELDS = ('task', 'encoding', 'seed', 'length', 'token_accuracy', 'exact_match')
+FIELDS = ('task', 'encoding', 'seed', 'length', 'token_accuracy', 'exact_match',
+          'config_hash', 'version')
+PROVENANCE = ('config_hash', 'version')  # added in 0.1.0; older files lack them
 MULTIPLES = (2, 4, 8)  # summary columns: accuracy at these multiples of L_train
 
 
@@ -25,6 +27,10 @@ def read_rows(path: str) -> list[dict]:
   with open(path, newline='') as f:
     rows = list(csv.DictReader(f))
   for row in rows:
+    for field in PROVENANCE:  # files written before these columns existed
+      row.setdefault(field, 'unknown')
+    if row.keys() != set(FIELDS):
+      raise ValueError(f'{path}: columns {sorted(row)} are not the schema {list(FIELDS)}.')
     row['seed'], row['length'] = int(row['seed']), int(row['length'])
     row['token_accuracy'] = float(row['token_accuracy'])
     row['exact_match'] = float(row['exact_match'])

@@ -6,6 +6,7 @@ finished and is read back instead of retrained, so an interrupted sweep picks
 up at the first unfinished run when the same command is run again.
 """
 
+import hashlib
 import json
 import os
 import time
@@ -15,6 +16,7 @@ import ml_collections
 import optax
 from flax import nnx
 
+import attention_jax
 from attention_jax import results
 from attention_jax import tasks
 from attention_jax.evaluate import default_eval_lengths
@@ -60,12 +62,33 @@ def run_one(config: ml_collections.ConfigDict, workdir: str,
       batch_size=config.eval.batch_size)
   eval_seconds = time.perf_counter() - start
   rows = [dict(task=config.task.name, encoding=run_label(config),
-               seed=config.train.seed, **r) for r in per_length]
+               seed=config.train.seed, config_hash=config_hash(config),
+               version=attention_jax.__version__, **r) for r in per_length]
   with open(os.path.join(workdir, 'run.json'), 'w') as f:
     json.dump(dict(train_seconds=train_seconds, eval_seconds=eval_seconds,
                    final_train_metrics=last, config=config.to_dict()), f, indent=1)
   results.write_rows(os.path.join(workdir, 'results.csv'), rows)
   return rows
+
+
+# Fields that change how a run is executed or logged, not what it computes.
+_NOT_HASHED = {'progress': None, 'study': None, 'distributed': None,
+               'train': ('seed', 'stop_after', 'log_every', 'checkpoint_every',
+                         'checkpoint_keep', 'tensorboard')}
+
+
+def config_hash(config: ml_collections.ConfigDict) -> str:
+  """12 hex digits identifying what a run computes: equal for two seeds of one
+  setup, different when any hyperparameter, the task or the encoding differ."""
+  d = config.to_dict()
+  for key, fields in _NOT_HASHED.items():
+    if fields is None:
+      d.pop(key, None)
+    else:
+      for field in fields:
+        d[key].pop(field, None)
+  text = json.dumps(d, sort_keys=True, default=str)
+  return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def run_label(config: ml_collections.ConfigDict) -> str:

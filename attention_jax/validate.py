@@ -3,6 +3,7 @@
 Each failure is one `ValueError` naming the key, its value and what is allowed.
 """
 
+import jax
 import ml_collections
 
 from attention_jax import tasks
@@ -46,6 +47,10 @@ def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -
     _require(isinstance(n, int) and 1 <= n <= ev.max_length,
              f'eval.lengths contains {n!r}; each must be an integer in 1…'
              f'eval.max_length={ev.max_length}.')
+  devices = jax.device_count()
+  _require(tr.batch_size % devices == 0,
+           f'train.batch_size={tr.batch_size} is not divisible by the {devices} devices '
+           'the batch is split over; use a multiple of the device count.')
   task_names = config.study.tasks if study else (t.name,)
   _check_names(task_names, tasks.TASKS, 'study.tasks' if study else 'task.name')
   kinds = config.study.models if study else (m.kind,)

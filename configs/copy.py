@@ -78,6 +78,10 @@ def get_config(arg=None):
   c.train.adam_b2 = 0.98  # AdamW β2
   c.train.grad_clip_norm = 1.0  # global-norm gradient clipping
   c.train.log_every = 100  # steps between host syncs (metrics.jsonl has every step)
+  c.train.checkpoint_every = 500  # steps between checkpoints (also saved at the end and on SIGTERM)
+  c.train.checkpoint_keep = 2  # newest checkpoints kept per run
+  c.train.stop_after = 0  # stop cleanly (checkpointed) after this many steps; 0 = run to num_steps
+  c.train.tensorboard = True  # also write TensorBoard event files (tensorboardX, no TensorFlow)
 
   c.eval = ml_collections.ConfigDict()
   c.eval.max_length = 64  # longest evaluated input (8 × train_max_length)
@@ -91,7 +95,9 @@ def get_config(arg=None):
   c.study.models = ('transformer',)  # model kinds swept; encodings apply to transformers
   c.study.encodings = (preset['pe'],) if preset['pe'] else ENCODINGS  # encodings swept
   c.study.seeds = (0, 1, 2)  # training seeds swept (overrides train.seed)
-  c.progress = True  # show a progress bar
+  c.progress = True  # show a progress bar (process 0 only)
+  c.distributed = False  # multi-host: call jax.distributed.initialize() first
+  c.deterministic_gpu = False  # GPU: --xla_gpu_deterministic_ops=true (slower, reproducible)
 
   if preset['size'] == 'paper':
     c.model.update(d_model=64, num_heads=8, num_layers=5, mlp_dim=256)
@@ -102,7 +108,7 @@ def get_config(arg=None):
   elif preset['size'] == 'tiny':
     c.model.update(d_model=16, num_heads=2, num_layers=1, mlp_dim=32)
     c.task.train_max_length = 4
-    c.train.update(batch_size=8, num_steps=5, warmup_steps=1, log_every=5)
+    c.train.update(batch_size=8, num_steps=5, warmup_steps=1, log_every=5, tensorboard=False)
     c.eval.update(max_length=8, num_samples=4, batch_size=4)
     c.study.seeds = (0,)
     c.progress = False

@@ -13,6 +13,7 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+from attention_jax.runtime import entry_point
 from attention_jax.study import run_study
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -23,7 +24,8 @@ _WORKDIR = flags.DEFINE_string('workdir', 'runs/copy', 'Where outputs are writte
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  run_study(_CONFIG.value, _WORKDIR.value)
+  with entry_point(_CONFIG.value):
+    run_study(_CONFIG.value, _WORKDIR.value)
   print(open(f'{_WORKDIR.value}/summary.md').read())
   print(f'Figure: {_WORKDIR.value}/extrapolation.png')
 

@@ -18,6 +18,7 @@ from ml_collections import config_flags
 from attention_jax import evaluate
 from attention_jax import tasks
 from attention_jax.plots import plot_alignments
+from attention_jax.runtime import entry_point
 from attention_jax.study import run_study
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -43,7 +44,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   os.makedirs(_WORKDIR.value, exist_ok=True)
-  run_study(_CONFIG.value, _WORKDIR.value, on_trained=draw_heatmap)
+  with entry_point(_CONFIG.value):
+    run_study(_CONFIG.value, _WORKDIR.value, on_trained=draw_heatmap)
   print(open(os.path.join(_WORKDIR.value, 'summary.md')).read())
   print(f'Figures: {_WORKDIR.value}/extrapolation.png, attention_heatmap.png')
 

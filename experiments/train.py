@@ -10,6 +10,7 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+from attention_jax.runtime import entry_point
 from attention_jax.study import run_one
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -20,7 +21,8 @@ _WORKDIR = flags.DEFINE_string('workdir', 'runs/one', 'Where outputs are written
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  rows = run_one(_CONFIG.value, _WORKDIR.value)
+  with entry_point(_CONFIG.value):
+    rows = run_one(_CONFIG.value, _WORKDIR.value)
   print(f"{'length':>8} {'token acc':>10} {'exact':>8}")
   for r in rows:
     print(f"{r['length']:>8} {100 * r['token_accuracy']:>9.1f}% {100 * r['exact_match']:>7.1f}%")

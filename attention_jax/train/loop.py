@@ -1,7 +1,11 @@
-"""The training loop: build, compile once, step, log."""
+"""The training loop: build, restore, compile once, step, log, checkpoint.
+
+Data parallel over every local device with one code path: a 1-D mesh named
+'data', the state replicated, each batch sharded along its first axis (one
+device is the same code with a mesh of one).
+"""
 
 import functools
-import json
 import os
 import time
 from typing import Optional
@@ -12,13 +16,21 @@ import ml_collections
 import optax
 import tqdm
 from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from attention_jax import tasks
 from attention_jax.nn.seq2seq import Seq2Seq
 from attention_jax.nn.transformer import TransformerLM
+from attention_jax.train.checkpoint import Checkpointer
+from attention_jax.train.interrupt import TrainingInterrupted
+from attention_jax.train.interrupt import stop_requests
+from attention_jax.train.metrics import MetricsWriter
 from attention_jax.train.optimizer import learning_rate_schedule
 from attention_jax.train.optimizer import make_optimizer
 from attention_jax.train.step import compiled_step
+
+MODEL_KINDS = ('transformer', 'seq2seq', 'seq2seq_attention')
 
 
 def model_max_length(config: ml_collections.ConfigDict) -> int:
@@ -28,9 +40,6 @@ def model_max_length(config: ml_collections.ConfigDict) -> int:
     return config.model.max_length
   task = tasks.get_task(config.task.name)
   return tasks.sequence_length(task, config.eval.max_length) - 1
-
-
-MODEL_KINDS = ('transformer', 'seq2seq', 'seq2seq_attention')
 
 
 def build_model(config: ml_collections.ConfigDict, seed: int) -> nnx.Module:
@@ -49,57 +58,95 @@ def build_model(config: ml_collections.ConfigDict, seed: int) -> nnx.Module:
       rngs=nnx.Rngs(params=seed))
 
 
+def data_mesh() -> jax.sharding.Mesh:
+  """A 1-D mesh 'data' over every device (all hosts' with jax.distributed).
+
+  The axis is 'Auto' (XLA propagates shardings from our constraints), not the
+  'Explicit' default of recent JAX, which would make every op's sharding part
+  of its type.
+  """
+  axis_type = getattr(jax.sharding, 'AxisType', None)
+  kwargs = {'axis_types': (axis_type.Auto,)} if axis_type else {}
+  return jax.make_mesh((jax.device_count(),), ('data',), **kwargs)
+
+
 def train(config: ml_collections.ConfigDict, workdir: Optional[str] = None,
           *, progress: bool = True, tx: Optional[optax.GradientTransformation] = None,
           ) -> tuple[nnx.Module, dict[str, float]]:
-  """Trains one model; returns it and the last step's metrics.
+  """Trains one model, resuming from `workdir`'s latest checkpoint if any;
+  returns the model and the last logged step's metrics.
+
+  With a `workdir`: one JSON line per step in `metrics.jsonl`, TensorBoard
+  files in `tensorboard/` (if `config.train.tensorboard`), checkpoints in
+  `checkpoints/` every `config.train.checkpoint_every` steps and at the end.
+  SIGTERM or Ctrl-C (or reaching `config.train.stop_after` steps, for
+  time-boxed jobs) saves a checkpoint and raises `TrainingInterrupted`.
+  Host-device syncs happen every `config.train.log_every` steps only.
 
   `tx` defaults to `make_optimizer(config.train)`. The compiled step is cached
   on the optimizer object, so a sweep passes one `tx` to all its runs to
   compile once per architecture instead of once per run.
-
-  Writes one JSON line per step to `workdir/metrics.jsonl` when `workdir` is
-  given. Host-device syncs happen every `config.train.log_every` steps only.
   """
   t_cfg = config.train
   task = tasks.get_task(config.task.name)
   model = build_model(config, t_cfg.seed)
   optimizer = nnx.Optimizer(model, tx or make_optimizer(t_cfg), wrt=nnx.Param)
   graphdef, state = nnx.split((model, optimizer))
+  mesh = data_mesh()
+  state = jax.device_put(state, NamedSharding(mesh, P()))  # replicated
   step_fn = functools.partial(
       compiled_step, seed=jnp.int32(t_cfg.seed), graphdef=graphdef, task=task,
       batch_size=t_cfg.batch_size, min_length=config.task.train_min_length,
       max_length=config.task.train_max_length, vocab_size=config.task.vocab_size,
-      layout=model.batch_layout)
+      layout=model.batch_layout, data_sharding=NamedSharding(mesh, P('data')))
   schedule = learning_rate_schedule(t_cfg)
 
-  log_file = None
+  checkpointer = None
+  start = 0
   if workdir:
     os.makedirs(workdir, exist_ok=True)
-    log_file = open(os.path.join(workdir, 'metrics.jsonl'), 'w')
-  bar = tqdm.tqdm(total=t_cfg.num_steps, disable=not progress, unit='step',
-                  dynamic_ncols=True, leave=False)
-  pending, last, start = [], {}, time.perf_counter()
+    checkpointer = Checkpointer(os.path.join(workdir, 'checkpoints'),
+                                every=t_cfg.checkpoint_every or t_cfg.num_steps,
+                                keep=t_cfg.checkpoint_keep)
+    state, start = checkpointer.restore_latest(state)
+  writer = MetricsWriter(workdir, start_step=start, tensorboard=t_cfg.tensorboard,
+                         config_json=config.to_json_best_effort(indent=1, sort_keys=True))
+  bar = tqdm.tqdm(total=t_cfg.num_steps, initial=start, unit='step', dynamic_ncols=True,
+                  leave=False, disable=not progress or jax.process_index() != 0)
+  pending, last, clock = [], {}, (time.perf_counter(), start)
   try:
-    for step in range(t_cfg.num_steps):
-      state, metrics = step_fn(state, jnp.int32(step))
-      pending.append(metrics)
-      if len(pending) == t_cfg.log_every or step == t_cfg.num_steps - 1:
-        elapsed = time.perf_counter() - start
-        for i, m in enumerate(jax.device_get(pending)):
-          s = step + 1 - len(pending) + i
-          last = {k: float(v) for k, v in m.items()}
-          last.update(step=s, learning_rate=float(schedule(s)),
-                      steps_per_second=(step + 1) / elapsed)
-          if log_file:
-            log_file.write(json.dumps(last) + '\n')
-        bar.update(len(pending))
-        bar.set_postfix(loss=f"{last['loss']:.3f}", acc=f"{last['token_accuracy']:.3f}",
-                        steps_s=f"{last['steps_per_second']:.0f}")
-        pending = []
+    with stop_requests() as stop:
+      for step in range(start, t_cfg.num_steps):
+        state, metrics = step_fn(state, jnp.int32(step))
+        pending.append(metrics)
+        stopping = stop.signal or step + 1 == t_cfg.stop_after
+        if len(pending) == t_cfg.log_every or step == t_cfg.num_steps - 1 or stopping:
+          rate = (step + 1 - clock[1]) / (time.perf_counter() - clock[0])
+          for i, m in enumerate(jax.device_get(pending)):
+            s = step + 1 - len(pending) + i
+            last = {k: float(v) for k, v in m.items()}
+            last.update(step=s, learning_rate=float(schedule(s)), steps_per_second=rate)
+            writer.write(last)
+          bar.update(len(pending))
+          bar.set_postfix(loss=f"{last['loss']:.3f}", acc=f"{last['token_accuracy']:.3f}",
+                          steps_s=f'{rate:.0f}')
+          pending = []
+        if checkpointer:
+          checkpointer.maybe_save(step + 1, state)
+        if stopping:
+          if checkpointer:
+            checkpointer.close(state, step + 1)
+            checkpointer = None
+          cause = f'signal {stop.signal}' if stop.signal else 'train.stop_after'
+          saved = (f'checkpoint saved in {workdir}; run the same command again to '
+                   'resume.' if workdir else 'no workdir: nothing saved.')
+          raise TrainingInterrupted(
+              f'stopped by {cause} after step {step + 1} of {t_cfg.num_steps}; {saved}',
+              stop.signal)
   finally:
     bar.close()
-    if log_file:
-      log_file.close()
+    writer.close()
+    if checkpointer:
+      checkpointer.close(state, t_cfg.num_steps)
   model, _ = nnx.merge(graphdef, state)
   return model, last

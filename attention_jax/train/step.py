@@ -7,6 +7,7 @@ call is one XLA program and no data crosses from the host.
 """
 
 import functools
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -64,18 +65,23 @@ def train_step(graphdef: nnx.GraphDef, state: nnx.State,
 @functools.partial(
     jax.jit, donate_argnames='state',
     static_argnames=('graphdef', 'task', 'batch_size', 'min_length', 'max_length',
-                     'vocab_size', 'layout'))
+                     'vocab_size', 'layout', 'data_sharding'))
 def compiled_step(state: nnx.State, step: jax.Array, seed: jax.Array, *,
                   graphdef: nnx.GraphDef, task: tasks.Task, batch_size: int,
-                  min_length: int, max_length: int, vocab_size: int,
-                  layout: str) -> tuple[nnx.State, dict[str, jax.Array]]:
+                  min_length: int, max_length: int, vocab_size: int, layout: str,
+                  data_sharding: Optional[jax.sharding.Sharding] = None,
+                  ) -> tuple[nnx.State, dict[str, jax.Array]]:
   """Batch `step` of `seed` generated on device, then `train_step`; one XLA
   program, the state donated.
 
   `seed` is traced, so every seed of a sweep shares one compilation (jit's
   cache is keyed on the static arguments, equal for equal architectures).
+  With `data_sharding`, the batch is laid out along it (data parallelism:
+  XLA partitions the step and all-reduces the gradients).
   """
   batch = tasks.train_batch(task, seed, step, batch_size=batch_size,
                             min_length=min_length, max_length=max_length,
                             vocab_size=vocab_size, layout=layout)
+  if data_sharding is not None:
+    batch = jax.lax.with_sharding_constraint(batch, data_sharding)
   return train_step(graphdef, state, batch)
