@@ -13,6 +13,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 from flax import nnx
 
+import attention_jax
 from attention_jax import evaluate
 from attention_jax import tasks
 from attention_jax import train
@@ -85,8 +86,10 @@ class StudyTest(absltest.TestCase):
       self.assertGreater(os.path.getsize(os.path.join(workdir, name)), 0, name)
     with open(os.path.join(workdir, 'results.csv')) as f:
       table = list(csv.DictReader(f))
-    self.assertEqual(list(table[0]), ['task', 'encoding', 'seed', 'length',
-                                      'token_accuracy', 'exact_match'])
+    self.assertEqual(list(table[0]), ['task', 'encoding', 'seed', 'length', 'token_accuracy',
+                                      'exact_match', 'config_hash', 'version'])
+    self.assertEqual({r['version'] for r in table}, {attention_jax.__version__})
+    self.assertLen({r['config_hash'] for r in table}, 2)  # one per encoding
     self.assertEqual(len(table), 2 * 8)  # two encodings, lengths 1…8
     summary = open(os.path.join(workdir, 'summary.md')).read()
     self.assertIn('| rope | 1 |', summary)
