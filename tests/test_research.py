@@ -18,6 +18,7 @@ from flax import nnx
 from attention_jax import train
 from attention_jax.study import config_hash
 from attention_jax.study import run_configs
+from attention_jax.study import run_study
 from attention_jax.train.checkpoint import Checkpointer
 from attention_jax.train.interrupt import TrainingInterrupted
 from configs import copy as copy_config
@@ -171,6 +172,25 @@ class ProcessTest(absltest.TestCase):
     max_diff = float(out.stdout.split('MAXDIFF')[1].split()[0])
     self.assertLessEqual(max_diff, 1e-6)
     self.assertIn('train.batch_size=6 is not divisible by the 4 devices', out.stdout)
+
+  def test_wrong_type_is_named(self):
+    out = _run(['-m', 'experiments.train', '--config=configs/copy.py:size=tiny',
+                '--config.train.batch_size=abc', f'--workdir={tempfile.mkdtemp()}'])
+    self.assertNotEqual(out.returncode, 0)
+    self.assertIn('--config.train.batch_size=abc', out.stderr)
+
+  def test_plot_redraws_and_combines_workdirs(self):
+    workdirs = []
+    for encoding in ('rope', 'none'):
+      c = copy_config.get_config(f'size=tiny,pe={encoding}')
+      workdirs.append(tempfile.mkdtemp())
+      run_study(c, workdirs[-1], log=lambda _: None)
+    out_dir = tempfile.mkdtemp()
+    out = _run(['-m', 'experiments.plot', *(f'--workdir={w}' for w in workdirs),
+                f'--out={out_dir}'])
+    self.assertEqual(out.returncode, 0, out.stderr[-2000:])
+    for name in ('extrapolation.png', 'training_curves.png'):
+      self.assertGreater(os.path.getsize(os.path.join(out_dir, name)), 10_000, name)
 
   def test_unknown_config_key_is_named(self):
     out = _run(['-m', 'experiments.train', '--config=configs/copy.py:size=tiny',

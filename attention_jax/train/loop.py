@@ -143,10 +143,13 @@ def train(config: ml_collections.ConfigDict, workdir: Optional[str] = None,
           raise TrainingInterrupted(
               f'stopped by {cause} after step {step + 1} of {t_cfg.num_steps}; {saved}',
               stop.signal)
+    if checkpointer:  # finished: the final state, saved once
+      checkpointer.close(state, t_cfg.num_steps)
+      checkpointer = None
   finally:
     bar.close()
     writer.close()
-    if checkpointer:
-      checkpointer.close(state, t_cfg.num_steps)
+    if checkpointer:  # an error: wait for saves in flight, add none
+      checkpointer.close()
   model, _ = nnx.merge(graphdef, state)
   return model, last
