@@ -16,7 +16,7 @@ def write_rows(path: str, rows: Iterable[dict]) -> None:
   """Writes `rows` to `path` atomically (a partial file is never left)."""
   tmp = path + '.tmp'
   with open(tmp, 'w', newline='') as f:
-    writer = csv.DictWriter(f, fieldnames=FIELDS)
+    writer = csv.DictWriter(f, fieldnames=FIELDS, lineterminator='\n')
     writer.writeheader()
     for row in rows:
       writer.writerow({k: row[k] for k in FIELDS})
