@@ -1,6 +1,7 @@
 """Process set-up shared by the experiment entry points."""
 
 import contextlib
+import logging as std_logging
 import os
 import sys
 
@@ -11,6 +12,13 @@ from absl import logging
 from attention_jax.train.interrupt import TrainingInterrupted
 
 GPU_DETERMINISM_FLAG = '--xla_gpu_deterministic_ops=true'
+
+
+class _QuietLibraries(std_logging.Filter):
+  """Drops orbax's per-save INFO lines (a dozen per checkpoint); keeps warnings."""
+
+  def filter(self, record: std_logging.LogRecord) -> bool:
+    return record.levelno >= std_logging.WARNING or 'orbax' not in record.pathname
 
 
 @contextlib.contextmanager
@@ -25,6 +33,7 @@ def entry_point(config: ml_collections.ConfigDict):
   * `config.distributed`: `jax.distributed.initialize()` for multi-host runs
     (coordinator and process ids from the environment, as on Cloud TPU/SLURM).
   """
+  std_logging.getLogger('absl').addFilter(_QuietLibraries())
   if config.deterministic_gpu and GPU_DETERMINISM_FLAG not in os.environ.get('XLA_FLAGS', ''):
     os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + ' ' + GPU_DETERMINISM_FLAG).strip()
   if config.distributed:
