@@ -9,6 +9,7 @@ from attention_jax.attention import additive_scores
 from attention_jax.attention import attend
 from attention_jax.attention import attention_mask_from_tokens
 from attention_jax.attention import causal_mask
+from attention_jax.attention import chunked_attention
 from attention_jax.attention import combine_masks
 from attention_jax.attention import dot_product_attention
 from attention_jax.attention import dot_scores

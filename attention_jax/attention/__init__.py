@@ -11,3 +11,4 @@ from attention_jax.attention.additive import additive_scores
 from attention_jax.attention.additive import attend
 from attention_jax.attention.additive import dot_scores
 from attention_jax.attention.dense import masked_softmax
+from attention_jax.attention.chunked import chunked_attention
