@@ -93,3 +93,42 @@ class ChunkedAttentionTest(chex.TestCase, parameterized.TestCase):
 
 if __name__ == '__main__':
   absltest.main()
+
+
+class ModuleImplementationTest(parameterized.TestCase):
+
+  @parameterized.product(encoding=sorted(aj.ENCODINGS), implementation=('chunked', 'auto'))
+  def test_module_paths_agree(self, encoding, implementation):
+    from flax import nnx  # pylint: disable=g-import-not-at-top
+    dense = aj.MultiHeadAttention(32, 4, positional=encoding, max_length=40, rngs=nnx.Rngs(0))
+    other = aj.MultiHeadAttention(32, 4, positional=encoding, max_length=40,
+                                  implementation=implementation, chunk_size=8,
+                                  rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(1), (2, 21, 32))
+    lengths = jnp.array([21, 9])
+    want, _ = dense(x, causal=True, kv_lengths=lengths)
+    got, weights = other(x, causal=True, kv_lengths=lengths, return_weights=False)
+    self.assertIsNone(weights)
+    chex.assert_trees_all_close(got, want, atol=1e-5)
+
+  def test_chunked_refuses_what_it_cannot_serve(self):
+    from flax import nnx  # pylint: disable=g-import-not-at-top
+    x = jnp.ones((1, 8, 16))
+    mha = aj.MultiHeadAttention(16, 2, implementation='chunked', rngs=nnx.Rngs(0))
+    with self.assertRaisesRegex(ValueError, 'return_weights=True'):
+      mha(x, causal=True)
+    with self.assertRaisesRegex(ValueError, 'dense mask or bias'):
+      mha(x, mask=aj.causal_mask(8), return_weights=False)
+    alibi = aj.MultiHeadAttention(16, 2, positional=aj.make_encoding(
+        'alibi', d_model=16, num_heads=2, causal=False), implementation='chunked',
+                                  rngs=nnx.Rngs(0))
+    with self.assertRaisesRegex(ValueError, 'not linear in i - j'):
+      alibi(x, return_weights=False)
+    with self.assertRaisesRegex(ValueError, "implementation='flash'"):
+      aj.MultiHeadAttention(16, 2, implementation='flash', rngs=nnx.Rngs(0))
+
+  def test_auto_falls_back_to_dense_for_weights(self):
+    from flax import nnx  # pylint: disable=g-import-not-at-top
+    mha = aj.MultiHeadAttention(16, 2, implementation='auto', rngs=nnx.Rngs(0))
+    _, weights = mha(jnp.ones((1, 8, 16)), causal=True)
+    chex.assert_shape(weights, (1, 2, 8, 8))

@@ -17,12 +17,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from attention_jax.attention import causal_mask
+from attention_jax.attention import chunked_attention
+from attention_jax.attention import combine_masks
 from attention_jax.attention import multi_head_attention
 from attention_jax.positional import NoPE
 from attention_jax.positional import PositionalEncoding
 from attention_jax.positional import make_encoding
 
 Positional = Union[str, PositionalEncoding, None]
+IMPLEMENTATIONS = ('dense', 'chunked', 'auto')
 
 
 def _resolve_positional(positional: Positional, *, d_model, num_heads,
@@ -56,16 +60,26 @@ class MultiHeadAttention(nnx.Module):
     max_length, causal: passed to the encoding when built from a name.
     use_bias: biases on the four projections (Flax's default is True).
     dtype, param_dtype: computation and parameter dtypes of the projections.
+    implementation: 'dense' (weights available, any mask or bias), 'chunked'
+      (blockwise, O(T) memory; masks only through `causal`/`kv_lengths`,
+      biases only linear ones like causal ALiBi; no weights), or 'auto'
+      (chunked whenever the call allows it, else dense).
+    chunk_size: query and key block size of the chunked path.
     rngs: `nnx.Rngs` for the parameters.
   """
 
   def __init__(self, d_model: int, num_heads: int, *, positional: Positional = None,
                max_length: Optional[int] = None, causal: bool = True,
                use_bias: bool = False, dtype=None, param_dtype=jnp.float32,
+               implementation: str = 'dense', chunk_size: int = 512,
                rngs: nnx.Rngs):
     if num_heads < 1 or d_model % num_heads:
       raise ValueError(
           f'num_heads={num_heads} must be >= 1 and divide d_model={d_model}.')
+    if implementation not in IMPLEMENTATIONS:
+      raise ValueError(
+          f'implementation={implementation!r}; choose one of {IMPLEMENTATIONS}.')
+    self.implementation, self.chunk_size = implementation, chunk_size
     self.d_model, self.num_heads = d_model, num_heads
     self.head_dim = d_model // num_heads
     heads = (num_heads, self.head_dim)
@@ -82,7 +96,9 @@ class MultiHeadAttention(nnx.Module):
                mask: Optional[jnp.ndarray] = None,
                bias: Optional[jnp.ndarray] = None,
                positions: Optional[jnp.ndarray] = None,
-               context_positions: Optional[jnp.ndarray] = None):
+               context_positions: Optional[jnp.ndarray] = None,
+               causal: bool = False, kv_lengths: Optional[jnp.ndarray] = None,
+               return_weights: bool = True):
     """Self-attention over `x`, or cross-attention from `x` to `context`.
 
     Args:
@@ -93,9 +109,13 @@ class MultiHeadAttention(nnx.Module):
       positions: integer `[T_q]` or `[B, T_q]`; default `0 … T_q-1`.
       context_positions: for the keys; default `positions` for
         self-attention, `0 … T_k-1` for cross-attention.
+      causal: query i attends to keys j <= i (combined with `mask`).
+      kv_lengths: int `[B]`: keys at positions >= kv_lengths[b] are padding.
+      return_weights: return the attention weights (dense path only).
 
     Returns:
-      `(out, weights)`: `[B, T_q, d_model]` and float32 `[B, H, T_q, T_k]`.
+      `(out, weights)`: `[B, T_q, d_model]` and float32 `[B, H, T_q, T_k]`
+      (None when `return_weights` is False).
     """
     self_attention = context is None
     context = x if self_attention else context
@@ -110,9 +130,44 @@ class MultiHeadAttention(nnx.Module):
                            else np.arange(context.shape[1], dtype=np.int32))
     q, k, v = self.W_Q(x), self.W_K(context), self.W_V(context)
     q, k = self.positional.rotate_queries_keys(q, k, positions, context_positions)
+    if self._use_chunked(mask, bias, return_weights, positions, context_positions):
+      out = chunked_attention(q, k, v, causal=causal, kv_lengths=kv_lengths,
+                              alibi_slopes=self.positional.linear_bias_slopes(),
+                              q_chunk=self.chunk_size, k_chunk=self.chunk_size)
+      return self.W_O(out), None
+    if causal:
+      if x.shape[1] != context.shape[1]:
+        raise ValueError(f'causal=True needs T_q == T_k, got {x.shape[1]} and {context.shape[1]}.')
+      mask = combine_masks(mask, causal_mask(x.shape[1]))
+    if kv_lengths is not None:
+      keys = jnp.arange(context.shape[1])[None, None, None, :]
+      mask = combine_masks(mask, keys < jnp.asarray(kv_lengths)[:, None, None, None])
     bias = _add_biases(bias, self.positional.attention_bias(positions, context_positions))
     out, weights = multi_head_attention(q, k, v, mask=mask, bias=bias)
-    return self.W_O(out), weights
+    return self.W_O(out), (weights if return_weights else None)
+
+  def _use_chunked(self, mask, bias, return_weights, positions, context_positions) -> bool:
+    """Whether this call takes the chunked path; a clear error when
+    'chunked' was asked for a call it cannot serve."""
+    if self.implementation == 'dense':
+      return False
+    enc = self.positional
+    reasons = []
+    if return_weights:
+      reasons.append('return_weights=True (the chunked path never forms the weights)')
+    if mask is not None or bias is not None:
+      reasons.append('a dense mask or bias (pass causal= and kv_lengths= instead)')
+    if enc.has_attention_bias and enc.linear_bias_slopes() is None:
+      reasons.append(f'the bias of {type(enc).__name__}, which is not linear in i - j')
+    if enc.linear_bias_slopes() is not None and not (
+        isinstance(positions, np.ndarray) and isinstance(context_positions, np.ndarray)
+        and np.array_equal(positions, np.arange(len(positions)))
+        and np.array_equal(context_positions, np.arange(len(context_positions)))):
+      reasons.append('a position bias with positions other than the default 0 … T-1')
+    if self.implementation == 'chunked' and reasons:
+      raise ValueError("implementation='chunked' cannot serve this call: "
+                       + '; '.join(reasons) + ". Use 'dense' or 'auto'.")
+    return not reasons
 
 
 class SelfAttention(nnx.Module):

@@ -72,3 +72,7 @@ class ALiBi(PositionalEncoding):
 
   def attention_bias(self, q_positions, k_positions):
     return alibi_bias_at(self.slopes, q_positions, k_positions, self.causal)
+
+  def linear_bias_slopes(self):
+    # The causal bias is linear in i - j; the symmetric one (|i - j|) is not.
+    return np.asarray(self.slopes, np.float32) if self.causal else None

@@ -16,6 +16,7 @@ trace time even under `jax.jit`.
 from typing import Optional
 
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 
@@ -42,6 +43,16 @@ class PositionalEncoding(nnx.Module):
     """-> float32 bias `[H, T_q, T_k]` (or `[B, H, T_q, T_k]`), or None."""
     del q_positions, k_positions
     return None
+
+  def linear_bias_slopes(self) -> Optional[np.ndarray]:
+    """Per-head slopes s `[H]` when `attention_bias` is exactly
+    `-s_h · (q_position - k_position)`, so blockwise attention can rebuild it
+    block by block; None when the encoding has another bias (or none)."""
+    return None
+
+  @property
+  def has_attention_bias(self) -> bool:
+    return type(self).attention_bias is not PositionalEncoding.attention_bias
 
 
 class NoPE(PositionalEncoding):

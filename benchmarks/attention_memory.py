@@ -1,0 +1,90 @@
+r"""Peak memory and time of causal attention forward+backward, dense vs chunked.
+
+  python -m benchmarks.attention_memory [--lengths=1024,4096,16384] \
+      [--impls=dense,chunked] [--out=benchmarks/results]
+
+Each (implementation, length) runs in its own process, so its peak resident
+memory (ru_maxrss) is its own: batch 1, 8 heads of 64 (d_model 512), float32,
+gradients w.r.t. q, k and v. One warm-up call (compilation) and
+`--repeats` timed calls; the median is reported. Writes attention_memory.json
+and attention_memory.md into --out.
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+from absl import app
+from absl import flags
+
+_LENGTHS = flags.DEFINE_list('lengths', ['1024', '4096', '16384'], 'Sequence lengths.')
+_IMPLS = flags.DEFINE_list('impls', ['dense', 'chunked'], 'Implementations.')
+_REPEATS = flags.DEFINE_integer('repeats', 3, 'Timed calls per configuration.')
+_OUT = flags.DEFINE_string('out', 'benchmarks/results', 'Output folder.')
+_CHILD = flags.DEFINE_string('child', None, 'Internal: run one configuration "impl,T".')
+
+HEADS, HEAD_DIM = 8, 64
+
+
+def _child(impl: str, length: int, repeats: int) -> dict:
+  import resource  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import attention_jax as aj  # pylint: disable=g-import-not-at-top
+
+  keys = jax.random.split(jax.random.key(0), 3)
+  q, k, v = (jax.random.normal(kk, (1, length, HEADS, HEAD_DIM)) for kk in keys)
+  if impl == 'dense':
+    f = lambda q, k, v: aj.multi_head_attention(q, k, v, mask=aj.causal_mask(length))[0]
+  else:
+    f = lambda q, k, v: aj.chunked_attention(q, k, v, causal=True)
+  step = jax.jit(jax.value_and_grad(lambda q, k, v: jnp.sum(f(q, k, v) ** 2), argnums=(0, 1, 2)))
+  jax.block_until_ready(step(q, k, v))
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(step(q, k, v))
+    times.append(time.perf_counter() - start)
+  return dict(impl=impl, length=length, median_s=statistics.median(times),
+              min_s=min(times), max_s=max(times),
+              peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
+def main(argv):
+  del argv
+  if _CHILD.value:
+    impl, length = _CHILD.value.split(',')
+    print('RESULT ' + json.dumps(_child(impl, int(length), _REPEATS.value)))
+    return
+  rows = []
+  for length in map(int, _LENGTHS.value):
+    for impl in _IMPLS.value:
+      proc = subprocess.run(
+          [sys.executable, '-m', 'benchmarks.attention_memory', f'--child={impl},{length}',
+           f'--repeats={_REPEATS.value}'], capture_output=True, text=True)
+      lines = [l for l in proc.stdout.splitlines() if l.startswith('RESULT ')]
+      if proc.returncode or not lines:
+        rows.append(dict(impl=impl, length=length, error=proc.stderr.strip().splitlines()[-1:]))
+      else:
+        rows.append(json.loads(lines[0][len('RESULT '):]))
+      print(rows[-1], flush=True)
+  os.makedirs(_OUT.value, exist_ok=True)
+  with open(os.path.join(_OUT.value, 'attention_memory.json'), 'w') as f:
+    json.dump(rows, f, indent=1)
+  table = ['| impl | T | median s (min–max) | peak RSS MiB |', '|---|---|---|---|']
+  for r in rows:
+    if 'error' in r:
+      table.append(f"| {r['impl']} | {r['length']} | failed: {r['error']} | — |")
+    else:
+      table.append(f"| {r['impl']} | {r['length']} | {r['median_s']:.2f} "
+                   f"({r['min_s']:.2f}–{r['max_s']:.2f}) | {r['peak_rss_mib']:.0f} |")
+  with open(os.path.join(_OUT.value, 'attention_memory.md'), 'w') as f:
+    f.write('\n'.join(table) + '\n')
+  print('\n'.join(table))
+
+
+if __name__ == '__main__':
+  app.run(main)
