@@ -1,0 +1,152 @@
+r"""Causal attention layer forward+backward: ours vs PyTorch SDPA, side by side.
+
+  pip install -r requirements-bench.txt
+  python -m benchmarks.attention [--lengths=128,512,1024,2048,4096] [--out=benchmarks/results]
+
+The layer is lesson 7.3's: W_Q, W_K, W_V, W_O (no biases), d_model 512, 8
+heads, batch 4, float32, causal. Ours is `attention_jax.MultiHeadAttention`
+(each implementation in `--impls`), PyTorch's is nn.Linear projections around
+`F.scaled_dot_product_attention(is_causal=True)` with the same weights. Both
+outputs are checked equal before timing. Timed calls alternate A B A B …
+after one warm-up each; medians and min–max are reported, with achieved
+GFLOP/s as a fraction of this machine's measured float32 matmul peak.
+Writes attention.json and attention.md into --out.
+"""
+
+import json
+import os
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from absl import app
+from absl import flags
+from flax import nnx
+
+import attention_jax as aj
+
+_LENGTHS = flags.DEFINE_list('lengths', ['128', '512', '1024', '2048', '4096'], 'Lengths.')
+_IMPLS = flags.DEFINE_list('impls', ['chunked', 'dense'], 'Our implementations.')
+_DENSE_MAX = flags.DEFINE_integer('dense_max_length', 2048, 'Longest length for dense.')
+_REPEATS = flags.DEFINE_integer('repeats', 5, 'Timed calls per implementation.')
+_OUT = flags.DEFINE_string('out', 'benchmarks/results', 'Output folder.')
+
+BATCH, D_MODEL, HEADS = 4, 512, 8
+
+
+def matmul_peak_gflops() -> float:
+  """Median GFLOP/s of a 2048² float32 matmul: this machine's practical peak."""
+  a = jnp.ones((2048, 2048), jnp.float32)
+  f = jax.jit(lambda a: a @ a)
+  f(a).block_until_ready()
+  times = []
+  for _ in range(10):
+    start = time.perf_counter()
+    f(a).block_until_ready()
+    times.append(time.perf_counter() - start)
+  return 2 * 2048**3 / statistics.median(times) / 1e9
+
+
+def layer_gflop(t: int) -> float:
+  """Forward+backward FLOPs (backward ≈ 2× forward): four projections plus
+  the causal half of QKᵀ and AV."""
+  projections = 4 * 2 * BATCH * t * D_MODEL * D_MODEL
+  attention = 2 * 2 * BATCH * t * t * D_MODEL / 2
+  return 3 * (projections + attention) / 1e9
+
+
+def ours(impl: str, x: np.ndarray, cotangent: np.ndarray):
+  mha = aj.MultiHeadAttention(D_MODEL, HEADS, implementation=impl, rngs=nnx.Rngs(0))
+  graphdef, params = nnx.split(mha)
+
+  @jax.jit
+  def step(params, x, g):
+    def loss(params, x):
+      out, _ = nnx.merge(graphdef, params)(x, causal=True, return_weights=False)
+      return jnp.sum(out * g), out
+    (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(params, x)
+    return out, grads
+
+  xj, gj = jnp.asarray(x), jnp.asarray(cotangent)
+  run = lambda: jax.block_until_ready(step(params, xj, gj))
+  return run, mha
+
+
+def theirs(mha, x: np.ndarray, cotangent: np.ndarray):
+  def linear(kernel):  # ours [in, H, D] or [H, D, out] -> torch weight [out, in]
+    w = np.asarray(kernel).reshape(D_MODEL, D_MODEL)
+    layer = torch.nn.Linear(D_MODEL, D_MODEL, bias=False)
+    layer.weight.data = torch.from_numpy(np.ascontiguousarray(w.T))
+    return layer
+  w_q, w_k, w_v, w_o = (linear(getattr(mha, n).kernel[...]) for n in ('W_Q', 'W_K', 'W_V', 'W_O'))
+  xt = torch.from_numpy(x).requires_grad_(True)
+  gt = torch.from_numpy(cotangent)
+  split = lambda h: h.view(BATCH, -1, HEADS, D_MODEL // HEADS).transpose(1, 2)
+
+  def run():
+    for p in (xt, *w_q.parameters(), *w_k.parameters(), *w_v.parameters(), *w_o.parameters()):
+      p.grad = None
+    o = torch.nn.functional.scaled_dot_product_attention(
+        split(w_q(xt)), split(w_k(xt)), split(w_v(xt)), is_causal=True)
+    out = w_o(o.transpose(1, 2).reshape(BATCH, -1, D_MODEL))
+    (out * gt).sum().backward()
+    return out
+  return run
+
+
+def main(argv):
+  del argv
+  torch.manual_seed(0)
+  peak = matmul_peak_gflops()
+  print(f'float32 matmul peak: {peak:.0f} GFLOP/s; torch threads {torch.get_num_threads()}')
+  rows = []
+  for t in map(int, _LENGTHS.value):
+    rng = np.random.default_rng(t)
+    x = rng.standard_normal((BATCH, t, D_MODEL), np.float32)
+    g = rng.standard_normal((BATCH, t, D_MODEL), np.float32)
+    runners = {}
+    for impl in _IMPLS.value:
+      if impl == 'dense' and t > _DENSE_MAX.value:
+        continue
+      runners[f'ours-{impl}'], mha = ours(impl, x, g)
+    runners['pytorch-sdpa'] = theirs(mha, x, g)
+    outputs = {name: np.asarray(run()[0] if name.startswith('ours') else run().detach())
+               for name, run in runners.items()}
+    for name, out in outputs.items():  # equal outputs before any timing
+      np.testing.assert_allclose(out, outputs['pytorch-sdpa'], atol=2e-4, rtol=2e-4,
+                                 err_msg=name)
+    times = {name: [] for name in runners}
+    for _ in range(_REPEATS.value):  # interleaved: A B A B …
+      for name, run in runners.items():
+        start = time.perf_counter()
+        run()
+        times[name].append(time.perf_counter() - start)
+    base = statistics.median(times['pytorch-sdpa'])
+    for name, ts in times.items():
+      median = statistics.median(ts)
+      rows.append(dict(length=t, impl=name, median_s=median, min_s=min(ts), max_s=max(ts),
+                       ratio_to_pytorch=median / base,
+                       gflops=layer_gflop(t) / median,
+                       fraction_of_peak=layer_gflop(t) / median / peak))
+      print(rows[-1], flush=True)
+  os.makedirs(_OUT.value, exist_ok=True)
+  with open(os.path.join(_OUT.value, 'attention.json'), 'w') as f:
+    json.dump(dict(matmul_peak_gflops=peak, rows=rows), f, indent=1)
+  lines = [f'float32 matmul peak {peak:.0f} GFLOP/s. Causal layer fwd+bwd, batch {BATCH}, '
+           f'd_model {D_MODEL}, {HEADS} heads.', '',
+           '| T | implementation | median s (min–max) | × PyTorch | GFLOP/s | % of peak |',
+           '|---|---|---|---|---|---|']
+  for r in rows:
+    lines.append(f"| {r['length']} | {r['impl']} | {r['median_s']:.3f} ({r['min_s']:.3f}–"
+                 f"{r['max_s']:.3f}) | {r['ratio_to_pytorch']:.2f} | {r['gflops']:.0f} | "
+                 f"{100 * r['fraction_of_peak']:.0f}% |")
+  with open(os.path.join(_OUT.value, 'attention.md'), 'w') as f:
+    f.write('\n'.join(lines) + '\n')
+  print('\n'.join(lines))
+
+
+if __name__ == '__main__':
+  app.run(main)
