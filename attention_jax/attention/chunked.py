@@ -42,11 +42,11 @@ def _block_scores(q_blk, k_blk, q_start, k_start, kv_len, slopes, *, scale, caus
                   t_k):
   """Scores and keep-mask of one (q block, k block) pair for one example.
 
-  q_blk `[H, qc, D]`, k_blk `[H, kc, D]` -> scores `[H, qc, kc]` float32, keep
+  q_blk `[qc, H, D]`, k_blk `[kc, H, D]` -> scores `[H, qc, kc]` float32, keep
   `[H or 1, qc, kc]` bool.
   """
-  qc, kc = q_blk.shape[1], k_blk.shape[1]
-  s = jnp.einsum('hqd,hkd->hqk', q_blk, k_blk, preferred_element_type=jnp.float32) * scale
+  qc, kc = q_blk.shape[0], k_blk.shape[0]
+  s = jnp.einsum('qhd,khd->hqk', q_blk, k_blk, preferred_element_type=jnp.float32) * scale
   q_idx = q_start + jnp.arange(qc)[:, None]
   k_idx = k_start + jnp.arange(kc)[None, :]
   if slopes is not None:
@@ -57,19 +57,6 @@ def _block_scores(q_blk, k_blk, q_start, k_start, kv_len, slopes, *, scale, caus
   return s, keep[None]
 
 
-def _blocks(x, chunk):
-  """`[H, T, D]` -> block-major `[T / chunk, H, chunk, D]`: each block one
-  contiguous slab, read by a dynamic index on the leading axis."""
-  h, t, d = x.shape
-  return jnp.transpose(x.reshape(h, t // chunk, chunk, d), (1, 0, 2, 3))
-
-
-def _unblocks(x):
-  """Inverse of `_blocks`."""
-  n, h, c, d = x.shape
-  return jnp.transpose(x, (1, 0, 2, 3)).reshape(h, n * c, d)
-
-
 def _num_key_blocks(q_start, qc, kc, num_k_blocks, causal):
   """Key blocks a query block needs: all, or up to the causal diagonal."""
   if not causal:
@@ -78,20 +65,19 @@ def _num_key_blocks(q_start, qc, kc, num_k_blocks, causal):
 
 
 def _forward_example(q, k, v, kv_len, slopes, *, causal, q_chunk, k_chunk, t_k):
-  """One example, heads first: q `[H, Tq', D]` (padded to q_chunk), k/v
-  `[H, Tk', D]` padded to k_chunk. Returns out `[H, Tq', Dv]` float32 and lse
-  `[H, Tq']`."""
+  """One example: q `[Tq', H, D]` (padded to q_chunk), k/v padded to k_chunk.
+  Returns out `[Tq', H, Dv]` float32 and lse `[H, Tq']`."""
   scale = 1.0 / math.sqrt(q.shape[-1])
-  num_k_blocks = k.shape[1] // k_chunk
-  h, dv = q.shape[0], v.shape[-1]
-  k_blocks, v_blocks = _blocks(k, k_chunk), _blocks(v, k_chunk)
+  num_k_blocks = k.shape[0] // k_chunk
+  h, dv = q.shape[1], v.shape[-1]
 
-  def one_q_block(args):
-    q_start, q_blk = args
+  def one_q_block(q_start):
+    q_blk = jax.lax.dynamic_slice_in_dim(q, q_start, q_chunk)
 
     def body(j, carry):
       m, l, acc = carry
-      k_blk, v_blk = k_blocks[j], v_blocks[j]
+      k_blk = jax.lax.dynamic_slice_in_dim(k, j * k_chunk, k_chunk)
+      v_blk = jax.lax.dynamic_slice_in_dim(v, j * k_chunk, k_chunk)
       s, keep = _block_scores(q_blk, k_blk, q_start, j * k_chunk, kv_len, slopes,
                               scale=scale, causal=causal, t_k=t_k)
       s = jnp.where(keep, s, MASK_VALUE)
@@ -100,7 +86,7 @@ def _forward_example(q, k, v, kv_len, slopes, *, causal, q_chunk, k_chunk, t_k):
       correction = jnp.exp(m - m_new)
       l = l * correction + p.sum(-1)
       acc = acc * correction[..., None] + jnp.einsum(
-          'hqk,hkd->hqd', p, v_blk, preferred_element_type=jnp.float32)
+          'hqk,khd->hqd', p, v_blk, preferred_element_type=jnp.float32)
       return m_new, l, acc
 
     init = (jnp.full((h, q_chunk), MASK_VALUE, jnp.float32),
@@ -111,51 +97,54 @@ def _forward_example(q, k, v, kv_len, slopes, *, causal, q_chunk, k_chunk, t_k):
     safe_l = jnp.where(l > 0, l, 1.0)  # l == 0: no key to attend -> zero output
     out = jnp.where((l > 0)[..., None], acc / safe_l[..., None], 0.0)
     lse = jnp.where(l > 0, m + jnp.log(safe_l), jnp.inf)  # exp(s - inf) = 0 below
-    return out, lse
+    return jnp.transpose(out, (1, 0, 2)), lse
 
-  starts = jnp.arange(0, q.shape[1], q_chunk)
-  out, lse = jax.lax.map(one_q_block, (starts, _blocks(q, q_chunk)))
-  return _unblocks(out), _unblocks(lse[..., None])[..., 0]  # [H, Tq', Dv], [H, Tq']
+  starts = jnp.arange(0, q.shape[0], q_chunk)
+  out, lse = jax.lax.map(one_q_block, starts)  # [nq, qc, H, Dv], [nq, H, qc]
+  return out.reshape(-1, h, dv), jnp.transpose(lse, (1, 0, 2)).reshape(h, -1)
 
 
 def _backward_example(q, k, v, kv_len, slopes, out, lse, dout, *, causal, q_chunk,
                       k_chunk, t_k):
-  """FlashAttention's backward for one example (heads first, as the forward),
-  recomputing each block's probabilities."""
+  """FlashAttention's backward for one example, recomputing each block."""
   scale = 1.0 / math.sqrt(q.shape[-1])
-  num_k_blocks = k.shape[1] // k_chunk
-  delta = jnp.einsum('hqd,hqd->hq', dout, out)  # rowsum(dO ∘ O), [H, Tq']
+  num_k_blocks = k.shape[0] // k_chunk
+  delta = jnp.einsum('qhd,qhd->hq', dout, out)  # rowsum(dO ∘ O), [H, Tq']
 
-  k_blocks, v_blocks = _blocks(k, k_chunk), _blocks(v, k_chunk)
-
-  def one_q_block(carry, args):
+  def one_q_block(carry, q_start):
     dk, dv = carry
-    q_start, q_blk, do_blk, lse_blk, delta_blk = args
+    q_blk = jax.lax.dynamic_slice_in_dim(q, q_start, q_chunk)
+    do_blk = jax.lax.dynamic_slice_in_dim(dout, q_start, q_chunk)
+    lse_blk = jax.lax.dynamic_slice_in_dim(lse, q_start, q_chunk, axis=1)
+    delta_blk = jax.lax.dynamic_slice_in_dim(delta, q_start, q_chunk, axis=1)
 
     def body(j, inner):
       dq_blk, dk, dv = inner
       k_start = j * k_chunk
-      k_blk, v_blk = k_blocks[j], v_blocks[j]
+      k_blk = jax.lax.dynamic_slice_in_dim(k, k_start, k_chunk)
+      v_blk = jax.lax.dynamic_slice_in_dim(v, k_start, k_chunk)
       s, keep = _block_scores(q_blk, k_blk, q_start, k_start, kv_len, slopes,
                               scale=scale, causal=causal, t_k=t_k)
       p = jnp.where(keep, jnp.exp(s - lse_blk[..., None]), 0.0)  # [H, qc, kc]
-      dv_blk = jnp.einsum('hqk,hqd->hkd', p, do_blk)
-      dp = jnp.einsum('hqd,hkd->hqk', do_blk, v_blk)
+      dv_blk = jnp.einsum('hqk,qhd->khd', p, do_blk)
+      dp = jnp.einsum('qhd,khd->hqk', do_blk, v_blk)
       ds = p * (dp - delta_blk[..., None]) * scale
-      dq_blk = dq_blk + jnp.einsum('hqk,hkd->hqd', ds, k_blk)
-      dk_blk = jnp.einsum('hqk,hqd->hkd', ds, q_blk)
-      return dq_blk, dk.at[j].add(dk_blk), dv.at[j].add(dv_blk)
+      dq_blk = dq_blk + jnp.einsum('hqk,khd->qhd', ds, k_blk)
+      dk_blk = jnp.einsum('hqk,qhd->khd', ds, q_blk)
+      dk = jax.lax.dynamic_update_slice_in_dim(
+          dk, jax.lax.dynamic_slice_in_dim(dk, k_start, k_chunk) + dk_blk, k_start, 0)
+      dv = jax.lax.dynamic_update_slice_in_dim(
+          dv, jax.lax.dynamic_slice_in_dim(dv, k_start, k_chunk) + dv_blk, k_start, 0)
+      return dq_blk, dk, dv
 
     stop = _num_key_blocks(q_start, q_chunk, k_chunk, num_k_blocks, causal)
     dq_blk, dk, dv = jax.lax.fori_loop(
         0, stop, body, (jnp.zeros(q_blk.shape, jnp.float32), dk, dv))
     return (dk, dv), dq_blk
 
-  init = (jnp.zeros(k_blocks.shape, jnp.float32), jnp.zeros(v_blocks.shape, jnp.float32))
-  q_args = (jnp.arange(0, q.shape[1], q_chunk), _blocks(q, q_chunk), _blocks(dout, q_chunk),
-            _blocks(lse[..., None], q_chunk)[..., 0], _blocks(delta[..., None], q_chunk)[..., 0])
-  (dk, dv), dq = jax.lax.scan(one_q_block, init, q_args)
-  return _unblocks(dq), _unblocks(dk), _unblocks(dv)
+  init = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
+  (dk, dv), dq = jax.lax.scan(one_q_block, init, jnp.arange(0, q.shape[0], q_chunk))
+  return dq.reshape(q.shape), dk, dv
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
@@ -223,8 +212,6 @@ def chunked_attention(
   kv_lengths = (jnp.full((b,), t_k, jnp.int32) if kv_lengths is None
                 else jnp.asarray(kv_lengths, jnp.int32))
   slopes = None if alibi_slopes is None else jnp.asarray(alibi_slopes, jnp.float32)
-  # Heads first, once: every block's matmuls then read contiguous memory.
-  heads_first = lambda x, chunk: _pad_to(jnp.swapaxes(x, 1, 2), 2, chunk)
-  qp, kp, vp = heads_first(q, q_chunk), heads_first(k, k_chunk), heads_first(v, k_chunk)
+  qp, kp, vp = _pad_to(q, 1, q_chunk), _pad_to(k, 1, k_chunk), _pad_to(v, 1, k_chunk)
   out = _chunked(qp, kp, vp, kv_lengths, slopes, causal, q_chunk, k_chunk, t_k)
-  return jnp.swapaxes(out[:, :, :t_q], 1, 2).astype(v.dtype)
+  return out[:, :t_q].astype(v.dtype)
