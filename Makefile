@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test experiment demo clean
+.PHONY: test experiment demo bench clean
 
 # Rebuilt when missing or older than the requirements or the package metadata.
 $(STAMP): requirements.txt pyproject.toml
@@ -27,3 +27,10 @@ demo: $(STAMP)
 
 clean:
 	rm -rf $(VENV) *.egg-info
+
+# Benchmarks (PyTorch comes from requirements-bench.txt); run alone on the machine.
+bench: $(STAMP)
+	$(BIN)/python -m pip install --quiet -r requirements-bench.txt
+	$(BIN)/python -m benchmarks.attention
+	$(BIN)/python -m benchmarks.attention_memory --lengths=1024,4096
+	$(BIN)/python -m benchmarks.attention_memory --lengths=16384 --impls=chunked --repeats=1 --out=benchmarks/results/long

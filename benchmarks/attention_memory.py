@@ -23,12 +23,14 @@ _LENGTHS = flags.DEFINE_list('lengths', ['1024', '4096', '16384'], 'Sequence len
 _IMPLS = flags.DEFINE_list('impls', ['dense', 'chunked'], 'Implementations.')
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'Timed calls per configuration.')
 _OUT = flags.DEFINE_string('out', 'benchmarks/results', 'Output folder.')
+_FORWARD_ONLY = flags.DEFINE_bool('forward_only', False, 'Time the forward pass only '
+                                   '(evaluation), not forward+backward.')
 _CHILD = flags.DEFINE_string('child', None, 'Internal: run one configuration "impl,T".')
 
 HEADS, HEAD_DIM = 8, 64
 
 
-def _child(impl: str, length: int, repeats: int) -> dict:
+def _child(impl: str, length: int, repeats: int, forward_only: bool) -> dict:
   import resource  # pylint: disable=g-import-not-at-top
   import time  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
@@ -41,14 +43,19 @@ def _child(impl: str, length: int, repeats: int) -> dict:
     f = lambda q, k, v: aj.multi_head_attention(q, k, v, mask=aj.causal_mask(length))[0]
   else:
     f = lambda q, k, v: aj.chunked_attention(q, k, v, causal=True)
-  step = jax.jit(jax.value_and_grad(lambda q, k, v: jnp.sum(f(q, k, v) ** 2), argnums=(0, 1, 2)))
+  if forward_only:
+    step = jax.jit(f)
+  else:
+    step = jax.jit(jax.value_and_grad(lambda q, k, v: jnp.sum(f(q, k, v) ** 2),
+                                      argnums=(0, 1, 2)))
   jax.block_until_ready(step(q, k, v))
   times = []
   for _ in range(repeats):
     start = time.perf_counter()
     jax.block_until_ready(step(q, k, v))
     times.append(time.perf_counter() - start)
-  return dict(impl=impl, length=length, median_s=statistics.median(times),
+  return dict(impl=impl, length=length, mode='forward' if forward_only else 'forward+backward',
+              median_s=statistics.median(times),
               min_s=min(times), max_s=max(times),
               peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
@@ -57,14 +64,15 @@ def main(argv):
   del argv
   if _CHILD.value:
     impl, length = _CHILD.value.split(',')
-    print('RESULT ' + json.dumps(_child(impl, int(length), _REPEATS.value)))
+    print('RESULT ' + json.dumps(_child(impl, int(length), _REPEATS.value, _FORWARD_ONLY.value)))
     return
   rows = []
   for length in map(int, _LENGTHS.value):
     for impl in _IMPLS.value:
       proc = subprocess.run(
           [sys.executable, '-m', 'benchmarks.attention_memory', f'--child={impl},{length}',
-           f'--repeats={_REPEATS.value}'], capture_output=True, text=True)
+           f'--repeats={_REPEATS.value}', f'--forward_only={_FORWARD_ONLY.value}'],
+          capture_output=True, text=True)
       lines = [l for l in proc.stdout.splitlines() if l.startswith('RESULT ')]
       if proc.returncode or not lines:
         rows.append(dict(impl=impl, length=length, error=proc.stderr.strip().splitlines()[-1:]))
@@ -74,12 +82,12 @@ def main(argv):
   os.makedirs(_OUT.value, exist_ok=True)
   with open(os.path.join(_OUT.value, 'attention_memory.json'), 'w') as f:
     json.dump(rows, f, indent=1)
-  table = ['| impl | T | median s (min–max) | peak RSS MiB |', '|---|---|---|---|']
+  table = ['| impl | T | mode | median s (min–max) | peak RSS MiB |', '|---|---|---|---|---|']
   for r in rows:
     if 'error' in r:
-      table.append(f"| {r['impl']} | {r['length']} | failed: {r['error']} | — |")
+      table.append(f"| {r['impl']} | {r['length']} | — | failed: {r['error']} | — |")
     else:
-      table.append(f"| {r['impl']} | {r['length']} | {r['median_s']:.2f} "
+      table.append(f"| {r['impl']} | {r['length']} | {r['mode']} | {r['median_s']:.2f} "
                    f"({r['min_s']:.2f}–{r['max_s']:.2f}) | {r['peak_rss_mib']:.0f} |")
   with open(os.path.join(_OUT.value, 'attention_memory.md'), 'w') as f:
     f.write('\n'.join(table) + '\n')
