@@ -13,8 +13,6 @@ GFLOP/s as a fraction of this machine's measured float32 matmul peak.
 Writes attention.json and attention.md into --out.
 """
 
-import json
-import os
 import statistics
 import time
 
@@ -27,6 +25,7 @@ from absl import flags
 from flax import nnx
 
 import attention_jax as aj
+from benchmarks.report import write_report
 
 _LENGTHS = flags.DEFINE_list('lengths', ['128', '512', '1024', '2048', '4096'], 'Lengths.')
 _IMPLS = flags.DEFINE_list('impls', ['chunked', 'dense'], 'Our implementations.')
@@ -132,9 +131,6 @@ def main(argv):
                        gflops=layer_gflop(t) / median,
                        fraction_of_peak=layer_gflop(t) / median / peak))
       print(rows[-1], flush=True)
-  os.makedirs(_OUT.value, exist_ok=True)
-  with open(os.path.join(_OUT.value, 'attention.json'), 'w') as f:
-    json.dump(dict(matmul_peak_gflops=peak, rows=rows), f, indent=1)
   lines = [f'float32 matmul peak {peak:.0f} GFLOP/s. Causal layer fwd+bwd, batch {BATCH}, '
            f'd_model {D_MODEL}, {HEADS} heads.', '',
            '| T | implementation | median s (min–max) | × PyTorch | GFLOP/s | % of peak |',
@@ -143,9 +139,7 @@ def main(argv):
     lines.append(f"| {r['length']} | {r['impl']} | {r['median_s']:.3f} ({r['min_s']:.3f}–"
                  f"{r['max_s']:.3f}) | {r['ratio_to_pytorch']:.2f} | {r['gflops']:.0f} | "
                  f"{100 * r['fraction_of_peak']:.0f}% |")
-  with open(os.path.join(_OUT.value, 'attention.md'), 'w') as f:
-    f.write('\n'.join(lines) + '\n')
-  print('\n'.join(lines))
+  write_report(_OUT.value, 'attention', dict(matmul_peak_gflops=peak, rows=rows), lines)
 
 
 if __name__ == '__main__':

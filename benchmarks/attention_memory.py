@@ -11,13 +11,14 @@ and attention_memory.md into --out.
 """
 
 import json
-import os
 import statistics
 import subprocess
 import sys
 
 from absl import app
 from absl import flags
+
+from benchmarks.report import write_report
 
 _LENGTHS = flags.DEFINE_list('lengths', ['1024', '4096', '16384'], 'Sequence lengths.')
 _IMPLS = flags.DEFINE_list('impls', ['dense', 'chunked'], 'Implementations.')
@@ -79,9 +80,6 @@ def main(argv):
       else:
         rows.append(json.loads(lines[0][len('RESULT '):]))
       print(rows[-1], flush=True)
-  os.makedirs(_OUT.value, exist_ok=True)
-  with open(os.path.join(_OUT.value, 'attention_memory.json'), 'w') as f:
-    json.dump(rows, f, indent=1)
   table = ['| impl | T | mode | median s (min–max) | peak RSS MiB |', '|---|---|---|---|---|']
   for r in rows:
     if 'error' in r:
@@ -89,9 +87,7 @@ def main(argv):
     else:
       table.append(f"| {r['impl']} | {r['length']} | {r['mode']} | {r['median_s']:.2f} "
                    f"({r['min_s']:.2f}–{r['max_s']:.2f}) | {r['peak_rss_mib']:.0f} |")
-  with open(os.path.join(_OUT.value, 'attention_memory.md'), 'w') as f:
-    f.write('\n'.join(table) + '\n')
-  print('\n'.join(table))
+  write_report(_OUT.value, 'attention_memory', rows, table)
 
 
 if __name__ == '__main__':

@@ -125,7 +125,7 @@ def multi_head_attention(
     raise ValueError(
         'multi_head_attention takes [batch, length, heads, head_dim] arrays; '
         f'got q {q.shape}, k {k.shape}, v {v.shape}.')
-  (b, t_q, h, d_k), (t_k, d_v) = q.shape, (k.shape[1], v.shape[3])
+  (b, t_q, h, d_k), t_k = q.shape, k.shape[1]
   if k.shape != (b, t_k, h, d_k) or v.shape[:3] != (b, t_k, h):
     raise ValueError(
         f'incompatible shapes: q {q.shape}, k {k.shape}, v {v.shape}; need '

@@ -13,8 +13,6 @@ loop over time. Training uses teacher forcing; `greedy_decode` feeds back the
 model's own argmax.
 """
 
-from typing import Optional
-
 import jax
 import jax.numpy as jnp
 from flax import nnx

@@ -66,6 +66,14 @@ def sequence_length(task: Task, max_input_length: int) -> int:
   return max_input_length * (1 + task.output_factor) + 3
 
 
+def _sample_inputs(key: jax.Array, batch_size: int, max_input_length: int,
+                   vocab_size: int) -> jax.Array:
+  """Random symbols x `[B, max_input_length]`: the one draw both layouts share,
+  so a key gives the same sequences to the transformer and the seq2seq models."""
+  return jax.random.randint(key, (batch_size, max_input_length), NUM_SPECIAL,
+                            NUM_SPECIAL + vocab_size, jnp.int32)
+
+
 def make_batch(task: Task, key: jax.Array, lengths: jax.Array, *,
                vocab_size: int, max_input_length: int) -> dict[str, jax.Array]:
   """Builds examples with input lengths `lengths` `[B]` (traced, each in
@@ -79,8 +87,7 @@ def make_batch(task: Task, key: jax.Array, lengths: jax.Array, *,
   """
   b = lengths.shape[0]
   total = sequence_length(task, max_input_length)
-  x = jax.random.randint(key, (b, max_input_length), NUM_SPECIAL,
-                         NUM_SPECIAL + vocab_size, jnp.int32)
+  x = _sample_inputs(key, b, max_input_length, vocab_size)
   n = lengths.astype(jnp.int32)[:, None]  # [B, 1]
   m = task.output_factor * n
   p = jnp.arange(total, dtype=jnp.int32)[None, :]  # [1, total]
@@ -109,8 +116,7 @@ def make_seq2seq_batch(task: Task, key: jax.Array, lengths: jax.Array, *,
     lengths: `[B]`.
   """
   b = lengths.shape[0]
-  x = jax.random.randint(key, (b, max_input_length), NUM_SPECIAL,
-                         NUM_SPECIAL + vocab_size, jnp.int32)
+  x = _sample_inputs(key, b, max_input_length, vocab_size)
   n = lengths.astype(jnp.int32)[:, None]
   m = task.output_factor * n
   source_mask = jnp.arange(max_input_length)[None, :] < n
