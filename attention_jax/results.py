@@ -7,8 +7,10 @@ from typing import Iterable, Sequence
 import numpy as np
 
 FIELDS = ('task', 'encoding', 'seed', 'length', 'token_accuracy', 'exact_match',
-          'config_hash', 'version')
+          'generated_exact_match', 'generation_agreement', 'config_hash', 'version')
 PROVENANCE = ('config_hash', 'version')  # added in 0.1.0; older files lack them
+# Only when evaluated by generation (empty otherwise; older files lack them).
+GENERATION = ('generated_exact_match', 'generation_agreement')
 MULTIPLES = (2, 4, 8)  # summary columns: accuracy at these multiples of L_train
 
 
@@ -19,7 +21,7 @@ def write_rows(path: str, rows: Iterable[dict]) -> None:
     writer = csv.DictWriter(f, fieldnames=FIELDS, lineterminator='\n')
     writer.writeheader()
     for row in rows:
-      writer.writerow({k: row[k] for k in FIELDS})
+      writer.writerow({k: row.get(k, '') if k in GENERATION else row[k] for k in FIELDS})
   os.replace(tmp, path)
 
 
@@ -29,6 +31,9 @@ def read_rows(path: str) -> list[dict]:
   for row in rows:
     for field in PROVENANCE:  # files written before these columns existed
       row.setdefault(field, 'unknown')
+    for field in GENERATION:
+      value = row.setdefault(field, '')
+      row[field] = float(value) if value not in ('', None) else None
     if row.keys() != set(FIELDS):
       raise ValueError(f'{path}: columns {sorted(row)} are not the schema {list(FIELDS)}.')
     row['seed'], row['length'] = int(row['seed']), int(row['length'])
@@ -77,4 +82,22 @@ def summary_markdown(rows: Sequence[dict], train_min: int, train_max: int) -> st
             _cell(_per_seed(sel, {k * train_max})) for k in MULTIPLES]
         lines.append('| ' + ' | '.join([enc, str(seeds)] + cells) + ' |')
       lines.append('')
+  lines += generation_summary(rows)
   return '\n'.join(lines)
+
+
+def generation_summary(rows: Sequence[dict]) -> list[str]:
+  """Lines on how generation and teacher forcing agreed (none if not evaluated)."""
+  scored = [r for r in rows if r.get('generation_agreement') is not None]
+  if not scored:
+    return []
+  agreement = [r['generation_agreement'] for r in scored]
+  worst = min(scored, key=lambda r: r['generation_agreement'])
+  return [
+      '### Greedy generation vs teacher forcing', '',
+      'Every transformer was also scored by greedy autoregressive generation with '
+      'the key/value cache. Exact match under generation must equal exact match '
+      'under teacher forcing sequence by sequence; they agreed on '
+      f'{100 * float(np.mean(agreement)):.3f}% of sequences on average over '
+      f'{len(scored)} (model, length) cells, worst cell {100 * worst["generation_agreement"]:.2f}% '
+      f'({worst["encoding"]}, seed {worst["seed"]}, length {worst["length"]}).', '']

@@ -21,9 +21,14 @@ from attention_jax import results
 from attention_jax import tasks
 from attention_jax.evaluate import default_eval_lengths
 from attention_jax.evaluate import evaluate_lengths
+from attention_jax.evaluate import rope_scaled
+from attention_jax.positional import RopeScaling
+from attention_jax.positional import parse_encoding_spec
 from attention_jax.plots import plot_extrapolation
 from attention_jax.train import make_optimizer
 from attention_jax.train import train
+from attention_jax.train.loop import longest_sequence
+from attention_jax.train.loop import randomized_max_position
 from attention_jax.validate import validate_config
 
 
@@ -55,15 +60,22 @@ def run_one(config: ml_collections.ConfigDict, workdir: str,
   if on_trained:
     on_trained(model, config, workdir)
   start = time.perf_counter()
-  per_length = evaluate_lengths(
-      model, tasks.get_task(config.task.name), eval_lengths(config),
-      train_max=config.task.train_max_length, num_samples=config.eval.num_samples,
-      vocab_size=config.task.vocab_size, eval_seed=config.eval.seed,
-      batch_size=config.eval.batch_size)
+  is_transformer = config.model.kind == 'transformer'
+  max_position = (randomized_max_position(config)
+                  if config.pe.randomized_eval == 'random' else 0)
+  rows = []
+  for label, scaling in evaluation_variants(config):
+    with rope_scaled(model, scaling):
+      per_length = evaluate_lengths(
+          model, tasks.get_task(config.task.name), eval_lengths(config),
+          train_max=config.task.train_max_length, num_samples=config.eval.num_samples,
+          vocab_size=config.task.vocab_size, eval_seed=config.eval.seed,
+          batch_size=config.eval.batch_size, max_position=max_position,
+          generate=config.eval.generate and is_transformer)
+    rows += [dict(task=config.task.name, encoding=label, seed=config.train.seed,
+                  config_hash=config_hash(config), version=attention_jax.__version__,
+                  **r) for r in per_length]
   eval_seconds = time.perf_counter() - start
-  rows = [dict(task=config.task.name, encoding=run_label(config),
-               seed=config.train.seed, config_hash=config_hash(config),
-               version=attention_jax.__version__, **r) for r in per_length]
   with open(os.path.join(workdir, 'run.json'), 'w') as f:
     json.dump(dict(train_seconds=train_seconds, eval_seconds=eval_seconds,
                    final_train_metrics=last, config=config.to_dict()), f, indent=1)
@@ -92,9 +104,28 @@ def config_hash(config: ml_collections.ConfigDict) -> str:
 
 
 def run_label(config: ml_collections.ConfigDict) -> str:
-  """What results.csv's `encoding` column says: the encoding of a transformer,
-  the model kind ('seq2seq', 'seq2seq_attention') of anything else."""
-  return config.model.encoding if config.model.kind == 'transformer' else config.model.kind
+  """What results.csv's `encoding` column says: the encoding of a transformer
+  (`NAME:randomized` with randomized positions), the model kind ('seq2seq',
+  'seq2seq_attention') of anything else."""
+  if config.model.kind != 'transformer':
+    return config.model.kind
+  return config.model.encoding + (':randomized' if config.pe.randomized else '')
+
+
+def evaluation_variants(config: ml_collections.ConfigDict) -> list[tuple[str, Optional[RopeScaling]]]:
+  """(label, RoPE scaling) per evaluation of a trained model: the model as
+  trained, then, for plain 'rope' models, each of `config.eval.rope_scalings`
+  (label 'rope+METHOD'), with factor `config.pe.rope_scale_factor` (0: longest
+  evaluated / longest training sequence) and L the longest training sequence."""
+  variants = [(run_label(config), None)]
+  if (config.model.kind == 'transformer' and config.model.encoding == 'rope'
+      and not config.pe.randomized):
+    train_tokens = tasks.sequence_length(
+        tasks.get_task(config.task.name), config.task.train_max_length) - 1
+    factor = config.pe.rope_scale_factor or longest_sequence(config) / train_tokens
+    for method in config.eval.rope_scalings:
+      variants.append((f'rope+{method}', RopeScaling(method, factor, train_tokens)))
+  return variants
 
 
 def run_configs(config: ml_collections.ConfigDict) -> list[ml_collections.ConfigDict]:
@@ -104,11 +135,13 @@ def run_configs(config: ml_collections.ConfigDict) -> list[ml_collections.Config
   for task in config.study.tasks:
     for kind in config.study.models:
       encodings = config.study.encodings if kind == 'transformer' else ('none',)
-      for encoding in encodings:
+      for spec in encodings:
+        encoding, randomized = parse_encoding_spec(spec)
         for seed in config.study.seeds:
           c = ml_collections.ConfigDict(config.to_dict())
           c.task.name, c.model.kind, c.model.encoding, c.train.seed = (
               task, kind, encoding, seed)
+          c.pe.randomized = randomized
           runs.append(c)
   return runs
 
@@ -138,12 +171,13 @@ def run_study(config: ml_collections.ConfigDict, workdir: str,
     rows += run_rows
     with open(os.path.join(run_dir, 'run.json')) as f:
       info = json.load(f)
-    in_range = [r['token_accuracy'] for r in run_rows
+    own = [r for r in run_rows if r['encoding'] == run_label(c)]  # not rope+…
+    in_range = [r['token_accuracy'] for r in own
                 if r['length'] <= config.task.train_max_length]
     log(f'[{i}/{len(runs)}] {name}: '
         f"train {info['train_seconds']:.0f}s, eval {info['eval_seconds']:.0f}s, "
         f'token accuracy in training range {100 * sum(in_range) / len(in_range):.1f}%, '
-        f"at {run_rows[-1]['length']}: {100 * run_rows[-1]['token_accuracy']:.1f}% "
+        f"at {own[-1]['length']}: {100 * own[-1]['token_accuracy']:.1f}% "
         f'({time.perf_counter() - start:.0f}s so far)')
   write_study_outputs(rows, workdir, config)
   return rows

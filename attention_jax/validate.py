@@ -8,8 +8,11 @@ import ml_collections
 
 from attention_jax import tasks
 from attention_jax.nn.additive import SCORES
-from attention_jax.positional import ENCODINGS
+from attention_jax.positional import parse_encoding_spec
+from attention_jax.positional.rope import SCALINGS
 from attention_jax.train.loop import MODEL_KINDS
+from attention_jax.train.loop import longest_sequence
+from attention_jax.train.loop import randomized_max_position
 
 
 def _require(ok: bool, message: str) -> None:
@@ -63,8 +66,37 @@ def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -
 
   _require(m.d_model % m.num_heads == 0,
            f'model.num_heads={m.num_heads} must divide model.d_model={m.d_model}.')
-  encodings = config.study.encodings if study else (m.encoding,)
-  _check_names(encodings, ENCODINGS, 'study.encodings' if study else 'model.encoding')
+  specs = config.study.encodings if study else (
+      m.encoding + (':randomized' if config.pe.randomized else ''),)
+  parsed = []
+  for spec in specs:
+    try:
+      parsed.append(parse_encoding_spec(spec))
+    except ValueError as e:
+      raise ValueError(f"invalid config: {'study.encodings' if study else 'model.encoding'}: {e}") from None
+  encodings = {name for name, _ in parsed}
+  randomized = any(r for _, r in parsed)
+  _require(m.num_kv_heads >= 0 and (m.num_kv_heads == 0 or m.num_heads % m.num_kv_heads == 0),
+           f'model.num_kv_heads={m.num_kv_heads} must divide model.num_heads={m.num_heads} '
+           '(or be 0 = num_heads).')
+  _require(m.sliding_window >= 0, f'model.sliding_window={m.sliding_window} must be >= 0 (0 = off).')
+  _check_names(config.eval.rope_scalings, SCALINGS, 'eval.rope_scalings')
+  _require(config.pe.rope_scale_factor >= 0,
+           f'pe.rope_scale_factor={config.pe.rope_scale_factor} must be > 0 (or 0 = auto).')
+  _check_names((config.pe.randomized_eval,), ('random', 'contiguous'), 'pe.randomized_eval')
+  if randomized:
+    for name in task_names:
+      c = config.copy_and_resolve_references()
+      c.task.name, c.pe.randomized = name, True
+      needed = longest_sequence(c)
+      _require(randomized_max_position(c) >= needed,
+               f'pe.max_position={config.pe.max_position} is below the {needed} positions '
+               f'the model reads at eval.max_length={ev.max_length} on {name!r}; '
+               f'set pe.max_position >= {needed} or 0 (auto).')
+      if m.max_length and 'learned' in encodings:
+        _require(m.max_length >= randomized_max_position(c),
+                 f"model.max_length={m.max_length} is shorter than the randomized range "
+                 f'[0, {randomized_max_position(c)}) of a learned table; set it to 0 (auto).')
   if 'rope' in encodings:
     head_dim = m.d_model // m.num_heads
     _require(head_dim % 2 == 0,

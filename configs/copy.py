@@ -5,18 +5,22 @@ The default preset is the study `make experiment` runs on a 2-core CPU:
   python -m experiments.length_extrapolation --config=configs/copy.py \
       --workdir=runs/copy
 
-It trains 15 models (encodings none, sinusoidal, learned, rope, alibi × seeds
-0, 1, 2) on `copy` with inputs of length 1–8, evaluates every model on input
-lengths 1–64 (8× the training maximum), and writes results.csv, summary.md
-and extrapolation.png to the workdir. Expected: every encoding near 100%
-token accuracy in the training range; past it, the curves separate (see the
-README for a real run, its numbers and its wall time, about 13 minutes).
+It trains 27 models (encodings none, sinusoidal, learned, rope, alibi, t5,
+kerple, learned:randomized, rope:randomized × seeds 0, 1, 2) on `copy` with
+inputs of length 1–8, evaluates every model on input lengths 1–64 (8× the
+training maximum) under teacher forcing and by greedy generation, evaluates
+the RoPE models again with three context extensions (rows rope+pi, rope+ntk,
+rope+yarn), and writes results.csv, summary.md and extrapolation.png to the
+workdir. Expected: every encoding near 100% token accuracy in the training
+range; past it, the curves separate (see the README for a real run, its
+numbers and its wall time, about 13 minutes).
 
 One model: `python -m experiments.train --config=configs/copy.py:pe=rope
 --workdir=runs/one`. Presets by `:arg`, comma-separated `key=value`:
 
   pe=NAME     the encoding (train.py) / the only encoding swept
-              (length_extrapolation.py): none|sinusoidal|learned|rope|alibi
+              (length_extrapolation.py): none|sinusoidal|learned|rope|alibi|
+              t5|kerple, optionally NAME:randomized (Ruoss et al. 2023)
   task=NAME   copy | reverse | duplicate
   size=NAME   cpu (default) | paper (Delétang et al. 2022 / Ruoss et al. 2023:
               5 layers, d_model 64, 8 heads, batch 128, train lengths 1–40,
@@ -27,7 +31,10 @@ Any field can be overridden: `--config.model.num_heads=8`.
 
 import ml_collections
 
-ENCODINGS = ('none', 'sinusoidal', 'learned', 'rope', 'alibi')
+from attention_jax.positional.registry import parse_encoding_spec
+
+ENCODINGS = ('none', 'sinusoidal', 'learned', 'rope', 'alibi', 't5', 'kerple',
+             'learned:randomized', 'rope:randomized')
 
 
 def _parse(arg):
@@ -56,15 +63,26 @@ def get_config(arg=None):
 
   c.model = ml_collections.ConfigDict()
   c.model.kind = 'transformer'  # transformer | seq2seq | seq2seq_attention (GRU, lesson 7.1)
-  c.model.encoding = preset['pe'] or 'rope'  # registry name; see attention_jax.ENCODINGS
+  encoding, randomized = parse_encoding_spec(preset['pe'] or 'rope')
+  c.model.encoding = encoding  # registry name; see attention_jax.ENCODINGS
   c.model.d_model = 64  # residual stream width (seq2seq: embedding width)
   c.model.num_heads = 4  # attention heads; must divide d_model
   c.model.num_layers = 2  # pre-LayerNorm transformer blocks
   c.model.mlp_dim = 256  # hidden width of each block's MLP
   c.model.max_length = 0  # positions covered (learned table); 0 = the longest eval sequence
+  c.model.num_kv_heads = 0  # key/value heads (grouped-query; 1 = multi-query); 0 = num_heads
+  c.model.sliding_window = 0  # attend to this many latest tokens only (local attention); 0 = all
   c.model.rnn_hidden_dim = 128  # seq2seq only: GRU state width
   c.model.bidirectional = False  # seq2seq only: forward + backward GRU encoder
   c.model.attention_score = 'additive'  # seq2seq_attention only: additive (Bahdanau) | dot (Luong)
+
+  c.pe = ml_collections.ConfigDict()
+  c.pe.randomized = randomized  # train on sorted random positions from [0, max_position) (Ruoss et al. 2023)
+  c.pe.max_position = 0  # randomized only: the range of positions; 0 = 2 × the longest eval sequence
+  c.pe.randomized_eval = 'random'  # randomized only: evaluation positions: random (as trained) | contiguous (0 … T-1)
+  c.pe.rope_scale_factor = 0.0  # eval.rope_scalings' factor s; 0 = longest eval / longest training sequence
+  c.pe.t5_num_buckets = 32  # 't5': learned relative-distance buckets per head
+  c.pe.t5_max_distance = 128  # 't5': distances from here on share the last bucket
 
   c.train = ml_collections.ConfigDict()
   c.train.seed = 0  # parameters and the training data stream
@@ -89,6 +107,8 @@ def get_config(arg=None):
   c.eval.num_samples = 256  # sequences per length
   c.eval.batch_size = 256  # sequences per compiled evaluation call
   c.eval.seed = 12345  # evaluation data, shared by every model
+  c.eval.generate = True  # also score by greedy generation with the key/value cache
+  c.eval.rope_scalings = ('pi', 'ntk', 'yarn')  # 'rope' models: also evaluated with each (rows rope+pi, …)
 
   c.study = ml_collections.ConfigDict()
   c.study.tasks = (preset['task'],)  # tasks swept by length_extrapolation.py
@@ -109,7 +129,7 @@ def get_config(arg=None):
     c.model.update(d_model=16, num_heads=2, num_layers=1, mlp_dim=32)
     c.task.train_max_length = 4
     c.train.update(batch_size=8, num_steps=5, warmup_steps=1, log_every=5, tensorboard=False)
-    c.eval.update(max_length=8, num_samples=4, batch_size=4)
+    c.eval.update(max_length=8, num_samples=4, batch_size=4, rope_scalings=())
     c.study.seeds = (0,)
     c.progress = False
   return c

@@ -79,7 +79,7 @@ class StudyTest(absltest.TestCase):
 
   def test_tiny_study_writes_every_output_and_resumes(self):
     c = _tiny()
-    c.study.encodings = ('rope', 'learned')
+    c.study.encodings = ('rope', 'learned:randomized')
     workdir = tempfile.mkdtemp()
     rows = run_study(c, workdir, log=lambda _: None)
     for name in ('results.csv', 'summary.md', 'extrapolation.png'):
@@ -87,7 +87,13 @@ class StudyTest(absltest.TestCase):
     with open(os.path.join(workdir, 'results.csv')) as f:
       table = list(csv.DictReader(f))
     self.assertEqual(list(table[0]), ['task', 'encoding', 'seed', 'length', 'token_accuracy',
-                                      'exact_match', 'config_hash', 'version'])
+                                      'exact_match', 'generated_exact_match',
+                                      'generation_agreement', 'config_hash', 'version'])
+    # Generation and teacher forcing agree on every sequence (see evaluate/lengths.py).
+    self.assertEqual({float(r['generation_agreement']) for r in table}, {1.0})
+    self.assertEqual([r['generated_exact_match'] for r in table],
+                     [r['exact_match'] for r in table])
+    self.assertIn('learned:randomized', {r['encoding'] for r in table})
     self.assertEqual({r['version'] for r in table}, {attention_jax.__version__})
     self.assertLen({r['config_hash'] for r in table}, 2)  # one per encoding
     self.assertEqual(len(table), 2 * 8)  # two encodings, lengths 1…8
@@ -117,7 +123,7 @@ class ConfigValidationTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
       ('unknown_task', {'task.name': 'sort'}, r"task.name has 'sort'; allowed: \['copy'"),
-      ('unknown_encoding', {'model.encoding': 'rotary'}, r"model.encoding has 'rotary'"),
+      ('unknown_encoding', {'model.encoding': 'rotary'}, r"model.encoding: bad encoding 'rotary'"),
       ('heads', {'model.num_heads': 3}, r'model.num_heads=3 must divide model.d_model=16'),
       ('empty_range', {'task.train_min_length': 5},
        r'train_min_length=5 > task.train_max_length=4'),
@@ -136,8 +142,8 @@ class ConfigValidationTest(parameterized.TestCase):
 
   def test_study_checks_every_encoding_before_training(self):
     c = _tiny()
-    c.study.encodings = ('rope', 't5')
-    with self.assertRaisesRegex(ValueError, r"study.encodings has 't5'"):
+    c.study.encodings = ('rope', 'rope:shuffled')
+    with self.assertRaisesRegex(ValueError, r"study.encodings: bad encoding 'rope:shuffled'"):
       run_study(c, tempfile.mkdtemp(), log=lambda _: None)
 
   def test_bad_preset(self):

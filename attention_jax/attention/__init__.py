@@ -7,6 +7,7 @@ from attention_jax.attention.masks import attention_mask_from_tokens
 from attention_jax.attention.masks import causal_mask
 from attention_jax.attention.masks import combine_masks
 from attention_jax.attention.masks import padding_mask
+from attention_jax.attention.masks import sliding_window_mask
 from attention_jax.attention.additive import additive_scores
 from attention_jax.attention.additive import attend
 from attention_jax.attention.additive import dot_scores

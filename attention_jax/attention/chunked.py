@@ -11,8 +11,9 @@ does; differentiating through the loops instead would store every block.
 
 Masks and biases are given by structure, not as T × T arrays, so that they too
 are built per block: `causal`, per-example `kv_lengths` (key padding) and
-per-head `alibi_slopes` (ALiBi's `-slope · (i - j)`). Key blocks entirely above
-the causal diagonal are skipped. Arbitrary dense masks and biases belong to
+per-head `alibi_slopes` (ALiBi's `-slope · (i - j)`) and a sliding `window`
+(`|i - j| < window`). Key blocks entirely above the causal diagonal or outside
+the window are skipped, so windowed attention costs O(T · window). Arbitrary dense masks and biases belong to
 `dense.py`.
 
 Shapes: q `[B, T_q, H, D]`, k `[B, T_k, H, D]`, v `[B, T_k, H, D_v]`;
@@ -27,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from attention_jax.attention.dense import MASK_VALUE
+from attention_jax.attention.dense import repeat_kv_heads
 
 
 def _pad_to(x, axis, multiple):
@@ -39,7 +41,7 @@ def _pad_to(x, axis, multiple):
 
 
 def _block_scores(q_blk, k_blk, q_start, k_start, kv_len, slopes, *, scale, causal,
-                  t_k):
+                  t_k, window):
   """Scores and keep-mask of one (q block, k block) pair for one example.
 
   q_blk `[qc, H, D]`, k_blk `[kc, H, D]` -> scores `[H, qc, kc]` float32, keep
@@ -54,17 +56,24 @@ def _block_scores(q_blk, k_blk, q_start, k_start, kv_len, slopes, *, scale, caus
   keep = k_idx < jnp.minimum(kv_len, t_k)  # padding, and the blocks' own padding
   if causal:
     keep = keep & (k_idx <= q_idx)
+  if window is not None:
+    keep = keep & (jnp.abs(q_idx - k_idx) < window)
   return s, keep[None]
 
 
-def _num_key_blocks(q_start, qc, kc, num_k_blocks, causal):
-  """Key blocks a query block needs: all, or up to the causal diagonal."""
-  if not causal:
-    return num_k_blocks
-  return jnp.minimum(num_k_blocks, (q_start + qc + kc - 1) // kc)
+def _key_block_range(q_start, qc, kc, num_k_blocks, causal, window):
+  """[first, stop) key blocks a query block needs: those holding a key at or
+  below the causal diagonal and inside the window of some query of the block."""
+  last_key = q_start + qc - 1 if causal else num_k_blocks * kc - 1
+  first_key = 0
+  if window is not None:
+    first_key = jnp.maximum(0, q_start - window + 1)
+    last_key = jnp.minimum(last_key, q_start + qc - 1 + window - 1)
+  return first_key // kc, jnp.minimum(num_k_blocks, last_key // kc + 1)
 
 
-def _forward_example(q, k, v, kv_len, slopes, *, causal, q_chunk, k_chunk, t_k):
+def _forward_example(q, k, v, kv_len, slopes, *, causal, q_chunk, k_chunk, t_k,
+                     window):
   """One example: q `[Tq', H, D]` (padded to q_chunk), k/v padded to k_chunk.
   Returns out `[Tq', H, Dv]` float32 and lse `[H, Tq']`."""
   scale = 1.0 / math.sqrt(q.shape[-1])
@@ -79,7 +88,7 @@ def _forward_example(q, k, v, kv_len, slopes, *, causal, q_chunk, k_chunk, t_k):
       k_blk = jax.lax.dynamic_slice_in_dim(k, j * k_chunk, k_chunk)
       v_blk = jax.lax.dynamic_slice_in_dim(v, j * k_chunk, k_chunk)
       s, keep = _block_scores(q_blk, k_blk, q_start, j * k_chunk, kv_len, slopes,
-                              scale=scale, causal=causal, t_k=t_k)
+                              scale=scale, causal=causal, t_k=t_k, window=window)
       s = jnp.where(keep, s, MASK_VALUE)
       m_new = jnp.maximum(m, s.max(-1))
       p = jnp.where(keep, jnp.exp(s - m_new[..., None]), 0.0)
@@ -92,8 +101,9 @@ def _forward_example(q, k, v, kv_len, slopes, *, causal, q_chunk, k_chunk, t_k):
     init = (jnp.full((h, q_chunk), MASK_VALUE, jnp.float32),
             jnp.zeros((h, q_chunk), jnp.float32),
             jnp.zeros((h, q_chunk, dv), jnp.float32))
-    stop = _num_key_blocks(q_start, q_chunk, k_chunk, num_k_blocks, causal)
-    m, l, acc = jax.lax.fori_loop(0, stop, body, init)
+    first, stop = _key_block_range(q_start, q_chunk, k_chunk, num_k_blocks, causal,
+                                   window)
+    m, l, acc = jax.lax.fori_loop(first, stop, body, init)
     safe_l = jnp.where(l > 0, l, 1.0)  # l == 0: no key to attend -> zero output
     out = jnp.where((l > 0)[..., None], acc / safe_l[..., None], 0.0)
     lse = jnp.where(l > 0, m + jnp.log(safe_l), jnp.inf)  # exp(s - inf) = 0 below
@@ -105,7 +115,7 @@ def _forward_example(q, k, v, kv_len, slopes, *, causal, q_chunk, k_chunk, t_k):
 
 
 def _backward_example(q, k, v, kv_len, slopes, out, lse, dout, *, causal, q_chunk,
-                      k_chunk, t_k):
+                      k_chunk, t_k, window):
   """FlashAttention's backward for one example, recomputing each block."""
   scale = 1.0 / math.sqrt(q.shape[-1])
   num_k_blocks = k.shape[0] // k_chunk
@@ -124,7 +134,7 @@ def _backward_example(q, k, v, kv_len, slopes, out, lse, dout, *, causal, q_chun
       k_blk = jax.lax.dynamic_slice_in_dim(k, k_start, k_chunk)
       v_blk = jax.lax.dynamic_slice_in_dim(v, k_start, k_chunk)
       s, keep = _block_scores(q_blk, k_blk, q_start, k_start, kv_len, slopes,
-                              scale=scale, causal=causal, t_k=t_k)
+                              scale=scale, causal=causal, t_k=t_k, window=window)
       p = jnp.where(keep, jnp.exp(s - lse_blk[..., None]), 0.0)  # [H, qc, kc]
       dv_blk = jnp.einsum('hqk,qhd->khd', p, do_blk)
       dp = jnp.einsum('qhd,khd->hqk', do_blk, v_blk)
@@ -137,9 +147,10 @@ def _backward_example(q, k, v, kv_len, slopes, out, lse, dout, *, causal, q_chun
           dv, jax.lax.dynamic_slice_in_dim(dv, k_start, k_chunk) + dv_blk, k_start, 0)
       return dq_blk, dk, dv
 
-    stop = _num_key_blocks(q_start, q_chunk, k_chunk, num_k_blocks, causal)
+    first, stop = _key_block_range(q_start, q_chunk, k_chunk, num_k_blocks, causal,
+                                   window)
     dq_blk, dk, dv = jax.lax.fori_loop(
-        0, stop, body, (jnp.zeros(q_blk.shape, jnp.float32), dk, dv))
+        first, stop, body, (jnp.zeros(q_blk.shape, jnp.float32), dk, dv))
     return (dk, dv), dq_blk
 
   init = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
@@ -147,51 +158,50 @@ def _backward_example(q, k, v, kv_len, slopes, out, lse, dout, *, causal, q_chun
   return dq.reshape(q.shape), dk, dv
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
-def _chunked(q, k, v, kv_lengths, slopes, causal, q_chunk, k_chunk, t_k):
-  out, _ = _chunked_fwd(q, k, v, kv_lengths, slopes, causal, q_chunk, k_chunk, t_k)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9))
+def _chunked(q, k, v, kv_lengths, slopes, causal, q_chunk, k_chunk, t_k, window):
+  out, _ = _chunked_fwd(q, k, v, kv_lengths, slopes, causal, q_chunk, k_chunk, t_k,
+                        window)
   return out
 
 
-def _chunked_fwd(q, k, v, kv_lengths, slopes, causal, q_chunk, k_chunk, t_k):
+def _chunked_fwd(q, k, v, kv_lengths, slopes, causal, q_chunk, k_chunk, t_k, window):
   fwd = functools.partial(_forward_example, causal=causal, q_chunk=q_chunk,
-                          k_chunk=k_chunk, t_k=t_k)
+                          k_chunk=k_chunk, t_k=t_k, window=window)
   out, lse = jax.vmap(fwd, in_axes=(0, 0, 0, 0, None))(q, k, v, kv_lengths, slopes)
   return out, (q, k, v, kv_lengths, slopes, out, lse)
 
 
-def _chunked_bwd(causal, q_chunk, k_chunk, t_k, residuals, dout):
+def _chunked_bwd(causal, q_chunk, k_chunk, t_k, window, residuals, dout):
   q, k, v, kv_lengths, slopes, out, lse = residuals
   bwd = functools.partial(_backward_example, causal=causal, q_chunk=q_chunk,
-                          k_chunk=k_chunk, t_k=t_k)
+                          k_chunk=k_chunk, t_k=t_k, window=window)
   dq, dk, dv = jax.vmap(bwd, in_axes=(0, 0, 0, 0, None, 0, 0, 0))(
       q, k, v, kv_lengths, slopes, out, lse, dout.astype(jnp.float32))
   return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None,
           None if slopes is None else jnp.zeros_like(slopes))
 
 
-def _chunked_fwd_rule(q, k, v, kv_lengths, slopes, causal, q_chunk, k_chunk, t_k):
-  out, residuals = _chunked_fwd(q, k, v, kv_lengths, slopes, causal, q_chunk, k_chunk, t_k)
-  return out, residuals
-
-
-_chunked.defvjp(_chunked_fwd_rule, _chunked_bwd)
+_chunked.defvjp(_chunked_fwd, _chunked_bwd)
 
 
 def chunked_attention(
     q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, *, causal: bool = False,
     kv_lengths: Optional[jnp.ndarray] = None,
-    alibi_slopes: Optional[jnp.ndarray] = None,
+    alibi_slopes: Optional[jnp.ndarray] = None, window: Optional[int] = None,
     q_chunk: int = 512, k_chunk: int = 512) -> jnp.ndarray:
   """Exact attention in O(T · chunk) memory; see the module docstring.
 
   Args:
-    q, k, v: `[B, T_q, H, D]`, `[B, T_k, H, D]`, `[B, T_k, H, D_v]`.
+    q, k, v: `[B, T_q, H, D]`, `[B, T_k, H_kv, D]`, `[B, T_k, H_kv, D_v]`;
+      H_kv divides H (grouped-query attention, see `repeat_kv_heads`).
     causal: query i attends to keys j <= i.
     kv_lengths: optional int `[B]`: keys at positions >= kv_lengths[b] are
       padding. A query with no key left gets a zero output (and zero grads).
     alibi_slopes: optional `[H]`: adds ALiBi's `-slope_h · (i - j)` per block
       (treated as constants: no gradient flows to them).
+    window: optional int >= 1: query i attends only to keys j with
+      |i - j| < window (indices); blocks outside the band are skipped.
     q_chunk, k_chunk: block sizes (clipped to the lengths).
 
   Returns:
@@ -202,8 +212,11 @@ def chunked_attention(
     raise ValueError('chunked_attention takes [batch, length, heads, head_dim] arrays; '
                      f'got q {q.shape}, k {k.shape}, v {v.shape}.')
   (b, t_q, h, d), t_k = q.shape, k.shape[1]
-  if k.shape != (b, t_k, h, d) or v.shape[:3] != (b, t_k, h):
+  if k.shape[:2] != (b, t_k) or k.shape[3] != d or v.shape[:2] != (b, t_k):
     raise ValueError(f'incompatible shapes: q {q.shape}, k {k.shape}, v {v.shape}.')
+  if window is not None and (not isinstance(window, int) or window < 1):
+    raise ValueError(f'window must be an integer >= 1 or None, got {window!r}.')
+  k, v = repeat_kv_heads(k, v, h, q.shape)  # gradients sum back over each group
   if q_chunk < 1 or k_chunk < 1:
     raise ValueError(f'chunk sizes must be >= 1, got q_chunk={q_chunk}, k_chunk={k_chunk}.')
   if alibi_slopes is not None and jnp.shape(alibi_slopes) != (h,):
@@ -213,5 +226,5 @@ def chunked_attention(
                 else jnp.asarray(kv_lengths, jnp.int32))
   slopes = None if alibi_slopes is None else jnp.asarray(alibi_slopes, jnp.float32)
   qp, kp, vp = _pad_to(q, 1, q_chunk), _pad_to(k, 1, k_chunk), _pad_to(v, 1, k_chunk)
-  out = _chunked(qp, kp, vp, kv_lengths, slopes, causal, q_chunk, k_chunk, t_k)
+  out = _chunked(qp, kp, vp, kv_lengths, slopes, causal, q_chunk, k_chunk, t_k, window)
   return out[:, :t_q].astype(v.dtype)

@@ -98,6 +98,22 @@ def _vmap_plan(x: Optional[jnp.ndarray], axis: int, size: int):
   return jnp.squeeze(x, axis), None
 
 
+def repeat_kv_heads(k: jnp.ndarray, v: jnp.ndarray, num_heads: int, q_shape=None):
+  """Grouped-query attention (Ainslie et al. 2023): k `[B, T_k, H_kv, D]`, v
+  `[B, T_k, H_kv, D_v]` -> both with `num_heads` heads; query head h uses
+  key/value head `h // (num_heads // H_kv)` (consecutive groups). H_kv = 1 is
+  multi-query attention; H_kv = num_heads returns k, v unchanged."""
+  h_kv = k.shape[2]
+  if v.shape[2] != h_kv or h_kv < 1 or num_heads % h_kv:
+    raise ValueError(
+        f'incompatible shapes: key/value heads ({k.shape[2]} and {v.shape[2]}) must be equal and divide '
+        f'the {num_heads} query heads' + (f' (q {q_shape})' if q_shape else '') + '.')
+  if h_kv == num_heads:
+    return k, v
+  group = num_heads // h_kv
+  return jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
+
+
 def multi_head_attention(
     q: jnp.ndarray,
     k: jnp.ndarray,
@@ -110,8 +126,9 @@ def multi_head_attention(
 
   Args:
     q: queries `[B, T_q, H, D_k]`.
-    k: keys `[B, T_k, H, D_k]`.
-    v: values `[B, T_k, H, D_v]`.
+    k: keys `[B, T_k, H_kv, D_k]`; H_kv divides H (H_kv < H: grouped-query
+      attention, see `repeat_kv_heads`).
+    v: values `[B, T_k, H_kv, D_v]`.
     mask: optional boolean, broadcastable to `[B, H, T_q, T_k]`, True = attend.
     bias: optional additive, broadcastable to `[B, H, T_q, T_k]`; may differ
       per head (ALiBi). Neither mask nor bias is ever broadcast in memory:
@@ -126,10 +143,11 @@ def multi_head_attention(
         'multi_head_attention takes [batch, length, heads, head_dim] arrays; '
         f'got q {q.shape}, k {k.shape}, v {v.shape}.')
   (b, t_q, h, d_k), t_k = q.shape, k.shape[1]
-  if k.shape != (b, t_k, h, d_k) or v.shape[:3] != (b, t_k, h):
+  if k.shape[:2] != (b, t_k) or k.shape[3] != d_k or v.shape[:2] != (b, t_k):
     raise ValueError(
         f'incompatible shapes: q {q.shape}, k {k.shape}, v {v.shape}; need '
-        'q [B, T_q, H, D_k], k [B, T_k, H, D_k], v [B, T_k, H, D_v].')
+        'q [B, T_q, H, D_k], k [B, T_k, H_kv, D_k], v [B, T_k, H_kv, D_v].')
+  k, v = repeat_kv_heads(k, v, h, q.shape)
   full = (b, h, t_q, t_k)
   if mask is not None:
     _check_broadcast('mask', mask, full)

@@ -12,6 +12,20 @@ def causal_mask(length: int) -> jnp.ndarray:
   return jnp.tril(jnp.ones((length, length), jnp.bool_))
 
 
+def sliding_window_mask(q_len: int, k_len: int, window: int,
+                        q_offset=0) -> jnp.ndarray:
+  """`[q_len, k_len]`: query i (at index `q_offset + i`) attends to keys j with
+  `|q_offset + i - j| < window` (Longformer/Mistral local attention; combine
+  with `causal_mask` for the causal window `i - window < j <= i`).
+
+  Indices, not positions: the window counts tokens, whatever the encoding.
+  `q_offset` may be traced (cached decoding)."""
+  if window is None or int(window) < 1:
+    raise ValueError(f'window must be an integer >= 1, got {window!r}.')
+  q = q_offset + jnp.arange(q_len)[:, None]
+  return jnp.abs(q - jnp.arange(k_len)[None, :]) < window
+
+
 def attention_mask_from_tokens(token_mask: jnp.ndarray) -> jnp.ndarray:
   """Boolean token mask `[B, T]` (True = real token) -> `[B, 1, T, T]`.
 

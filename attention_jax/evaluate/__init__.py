@@ -4,3 +4,4 @@ from attention_jax.evaluate.lengths import buckets
 from attention_jax.evaluate.lengths import default_eval_lengths
 from attention_jax.evaluate.lengths import evaluate_lengths
 from attention_jax.evaluate.alignment import seq2seq_alignment
+from attention_jax.evaluate.context_extension import rope_scaled

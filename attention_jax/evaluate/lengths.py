@@ -10,6 +10,13 @@ handful of compilations; results do not depend on the bucketing (tested).
 
 Evaluation data depend on `(eval_seed, length)` only: every encoding and every
 training seed is scored on the same sequences.
+
+Two ways to score a transformer: teacher forcing (every prediction sees the
+true prefix; the default) and, with `generate=True`, real greedy generation
+through the key/value cache. Exact match is the same under both by
+construction (all outputs right under teacher forcing ⇔ greedy decoding
+reproduces them); `generation_agreement`, the fraction of sequences on which
+the two verdicts agree, checks the cached decoding path against it.
 """
 
 import functools
@@ -53,25 +60,41 @@ def buckets(lengths: Sequence[int], train_max: int) -> dict[int, list[int]]:
 
 
 @functools.partial(jax.jit, static_argnames=(
-    'graphdef', 'task', 'bucket', 'num_samples', 'vocab_size'))
+    'graphdef', 'task', 'bucket', 'num_samples', 'vocab_size', 'max_position',
+    'generate'))
 def _evaluate_batch(state, key, n, *, graphdef, task: tasks.Task, bucket: int,
-                    num_samples: int, vocab_size: int) -> dict[str, jax.Array]:
+                    num_samples: int, vocab_size: int, max_position: int = 0,
+                    generate: bool = False) -> dict[str, jax.Array]:
   """Metrics on `num_samples` sequences of input length `n` (traced) padded
   to `bucket`: one compilation per bucket, shared by models of one shape.
   Predictions are the model's `predict_batch`: teacher-forced argmax for the
-  transformer, greedy decoding for seq2seq models."""
+  transformer, greedy decoding for seq2seq models; with `generate`, also
+  `generate_batch`'s. `max_position` > 0: randomized positions."""
   model = nnx.merge(graphdef, state)
   lengths = jnp.full((num_samples,), n, jnp.int32)
   batch = tasks.LAYOUTS[model.batch_layout](
       task, key, lengths, vocab_size=vocab_size, max_input_length=bucket)
-  return prediction_metrics(model.predict_batch(batch), batch)
+  if max_position:
+    batch = tasks.with_random_positions(batch, jax.random.fold_in(key, 2), max_position)
+  predictions = model.predict_batch(batch)
+  metrics = prediction_metrics(predictions, batch)
+  if generate:
+    generated = prediction_metrics(model.generate_batch(batch), batch, per_example=True)
+    metrics['generated_exact_match'] = jnp.mean(generated['exact'].astype(jnp.float32))
+    teacher = prediction_metrics(predictions, batch, per_example=True)
+    metrics['generation_agreement'] = jnp.mean(
+        (generated['exact'] == teacher['exact']).astype(jnp.float32))
+  return metrics
 
 
 def evaluate_lengths(model: nnx.Module, task: tasks.Task, lengths: Iterable[int], *,
                      train_max: int, num_samples: int, vocab_size: int,
-                     eval_seed: int = 12345, batch_size: int = 256) -> list[dict]:
+                     eval_seed: int = 12345, batch_size: int = 256,
+                     max_position: int = 0, generate: bool = False) -> list[dict]:
   """Per length: `{'length', 'token_accuracy', 'exact_match'}` over
-  `num_samples` sequences (evaluated `batch_size` at a time)."""
+  `num_samples` sequences (evaluated `batch_size` at a time), plus
+  `generated_exact_match` and `generation_agreement` with `generate`.
+  `max_position` > 0 evaluates on randomized positions from [0, max_position)."""
   graphdef, state = nnx.split(model)
   rows = []
   batch_size = min(batch_size, num_samples)
@@ -79,13 +102,12 @@ def evaluate_lengths(model: nnx.Module, task: tasks.Task, lengths: Iterable[int]
   for bucket, bucket_lengths in buckets(sorted(lengths), train_max).items():
     eval_fn = functools.partial(_evaluate_batch, graphdef=graphdef, task=task,
                                 bucket=bucket, num_samples=batch_size,
-                                vocab_size=vocab_size)
+                                vocab_size=vocab_size, max_position=max_position,
+                                generate=generate)
     for n in bucket_lengths:
       keys = jax.random.split(jax.random.fold_in(jax.random.key(eval_seed), n), num_batches)
       results = jax.device_get([eval_fn(state, key, jnp.int32(n)) for key in keys])
       # Every batch has the same number of sequences and of output tokens.
-      rows.append(dict(
-          length=n,
-          token_accuracy=float(np.mean([r['token_accuracy'] for r in results])),
-          exact_match=float(np.mean([r['exact_match'] for r in results]))))
+      rows.append(dict(length=n, **{k: float(np.mean([r[k] for r in results]))
+                                    for k in results[0]}))
   return rows

@@ -13,6 +13,7 @@ no-ops here.
 
 from typing import Optional, Union
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -21,6 +22,7 @@ from attention_jax.attention import causal_mask
 from attention_jax.attention import chunked_attention
 from attention_jax.attention import combine_masks
 from attention_jax.attention import multi_head_attention
+from attention_jax.attention import sliding_window_mask
 from attention_jax.positional import NoPE
 from attention_jax.positional import PositionalEncoding
 from attention_jax.positional import make_encoding
@@ -56,6 +58,12 @@ class MultiHeadAttention(nnx.Module):
   Args:
     d_model: model width; inputs and outputs are `[B, T, d_model]`.
     num_heads: heads; must divide `d_model` (head_dim = d_model // num_heads).
+    num_kv_heads: key/value heads, dividing `num_heads`; default `num_heads`.
+      Fewer is grouped-query attention, 1 is multi-query attention: smaller
+      W_K/W_V and a cache `num_heads / num_kv_heads` times smaller.
+    sliding_window: if set, a query attends only to the `sliding_window`
+      nearest keys on each side (|i - j| < window, token indices); with
+      `causal=True` at call time, the `sliding_window` latest tokens.
     positional: encoding acting inside attention (see module docstring).
     max_length, causal: passed to the encoding when built from a name.
     use_bias: biases on the four projections (Flax's default is True).
@@ -69,6 +77,8 @@ class MultiHeadAttention(nnx.Module):
   """
 
   def __init__(self, d_model: int, num_heads: int, *, positional: Positional = None,
+               num_kv_heads: Optional[int] = None,
+               sliding_window: Optional[int] = None,
                max_length: Optional[int] = None, causal: bool = True,
                use_bias: bool = False, dtype=None, param_dtype=jnp.float32,
                implementation: str = 'dense', chunk_size: int = 512,
@@ -79,14 +89,22 @@ class MultiHeadAttention(nnx.Module):
     if implementation not in IMPLEMENTATIONS:
       raise ValueError(
           f'implementation={implementation!r}; choose one of {IMPLEMENTATIONS}.')
+    num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+    if num_kv_heads < 1 or num_heads % num_kv_heads:
+      raise ValueError(f'num_kv_heads={num_kv_heads} must be >= 1 and divide '
+                       f'num_heads={num_heads}.')
+    if sliding_window is not None and (not isinstance(sliding_window, int)
+                                       or sliding_window < 1):
+      raise ValueError(f'sliding_window={sliding_window!r}: use an integer >= 1 or None.')
     self.implementation, self.chunk_size = implementation, chunk_size
-    self.d_model, self.num_heads = d_model, num_heads
+    self.d_model, self.num_heads, self.num_kv_heads = d_model, num_heads, num_kv_heads
+    self.sliding_window = sliding_window
     self.head_dim = d_model // num_heads
     heads = (num_heads, self.head_dim)
     proj = dict(use_bias=use_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
     self.W_Q = nnx.LinearGeneral(d_model, heads, **proj)
-    self.W_K = nnx.LinearGeneral(d_model, heads, **proj)
-    self.W_V = nnx.LinearGeneral(d_model, heads, **proj)
+    self.W_K = nnx.LinearGeneral(d_model, (num_kv_heads, self.head_dim), **proj)
+    self.W_V = nnx.LinearGeneral(d_model, (num_kv_heads, self.head_dim), **proj)
     self.W_O = nnx.LinearGeneral(heads, d_model, axis=(-2, -1), **proj)
     self.positional = _resolve_positional(
         positional, d_model=d_model, num_heads=num_heads,
@@ -133,18 +151,68 @@ class MultiHeadAttention(nnx.Module):
     if self._use_chunked(mask, bias, return_weights, positions, context_positions):
       out = chunked_attention(q, k, v, causal=causal, kv_lengths=kv_lengths,
                               alibi_slopes=self.positional.linear_bias_slopes(),
+                              window=self.sliding_window,
                               q_chunk=self.chunk_size, k_chunk=self.chunk_size)
       return self.W_O(out), None
     if causal:
       if x.shape[1] != context.shape[1]:
         raise ValueError(f'causal=True needs T_q == T_k, got {x.shape[1]} and {context.shape[1]}.')
       mask = combine_masks(mask, causal_mask(x.shape[1]))
+    if self.sliding_window is not None:
+      mask = combine_masks(mask, sliding_window_mask(
+          x.shape[1], context.shape[1], self.sliding_window))
     if kv_lengths is not None:
       keys = jnp.arange(context.shape[1])[None, None, None, :]
       mask = combine_masks(mask, keys < jnp.asarray(kv_lengths)[:, None, None, None])
     bias = _add_biases(bias, self.positional.attention_bias(positions, context_positions))
     out, weights = multi_head_attention(q, k, v, mask=mask, bias=bias)
     return self.W_O(out), (weights if return_weights else None)
+
+  def init_cache(self, batch_size: int, max_length: int, dtype=jnp.float32) -> dict:
+    """An empty cache for `extend`: key/value `[B, max_length, H_kv, D]`
+    (rotated keys when the encoding rotates) and their int32 positions `[B, max_length]`."""
+    shape = (batch_size, max_length, self.num_kv_heads, self.head_dim)
+    return dict(key=jnp.zeros(shape, dtype), value=jnp.zeros(shape, dtype),
+                positions=jnp.zeros((batch_size, max_length), jnp.int32))
+
+  def extend(self, x: jnp.ndarray, cache: dict, start, *,
+             positions: Optional[jnp.ndarray] = None) -> tuple[jnp.ndarray, dict]:
+    """Causal self-attention of S new tokens over themselves and the cache.
+
+    The tokens take cache slots `start … start+S-1` (`start` may be traced);
+    each attends to slots at or before its own (and inside the sliding
+    window). Prefill is one call with S = prompt length, decoding one call
+    per token with S = 1; either way the outputs equal the full causal pass.
+
+    Args:
+      x: `[B, S, d_model]`.
+      cache: from `init_cache` or a previous `extend`.
+      start: first slot written, an int or int32 scalar.
+      positions: int `[S]` or `[B, S]` for the encoding; default the slots.
+
+    Returns:
+      `(out [B, S, d_model], cache)` with the new keys, values and positions.
+    """
+    (b, s_len, _), t_max = x.shape, cache['key'].shape[1]
+    _check_slots(start, s_len, t_max)
+    slots = start + jnp.arange(s_len, dtype=jnp.int32)
+    if positions is None:
+      positions = slots
+    positions = jnp.broadcast_to(jnp.asarray(positions, jnp.int32), (b, s_len))
+    q, k, v = self.W_Q(x), self.W_K(x), self.W_V(x)
+    q, k = self.positional.rotate_queries_keys(q, k, positions, positions)
+    write = lambda buf, new: jax.lax.dynamic_update_slice_in_dim(
+        buf, new.astype(buf.dtype), start, axis=1)
+    cache = dict(key=write(cache['key'], k), value=write(cache['value'], v),
+                 positions=write(cache['positions'], positions))
+    keys = jnp.arange(t_max)[None, :]
+    mask = keys <= slots[:, None]  # causal; also hides the slots not yet written
+    if self.sliding_window is not None:
+      mask = mask & (slots[:, None] - keys < self.sliding_window)
+    bias = self.positional.attention_bias(positions, cache['positions'])
+    out, _ = multi_head_attention(q, cache['key'].astype(q.dtype),
+                                  cache['value'].astype(v.dtype), mask=mask, bias=bias)
+    return self.W_O(out), cache
 
   def _use_chunked(self, mask, bias, return_weights, positions, context_positions) -> bool:
     """Whether this call takes the chunked path; a clear error when
@@ -168,6 +236,22 @@ class MultiHeadAttention(nnx.Module):
       raise ValueError("implementation='chunked' cannot serve this call: "
                        + '; '.join(reasons) + ". Use 'dense' or 'auto'.")
     return not reasons
+
+
+def _raise_if_past_cache(start, s_len, t_max) -> None:
+  if int(start) < 0 or int(start) + s_len > t_max:
+    raise ValueError(f'extend writes cache slots {int(start)} … {int(start) + s_len - 1} '
+                     f'but the cache has {t_max} slots (0 … {t_max - 1}); '
+                     'make it longer with init_cache(max_length=...).')
+
+
+def _check_slots(start, s_len: int, t_max: int) -> None:
+  """Past-the-end writes are an error (dynamic_update_slice would silently
+  shift them): at trace time for a Python int, at run time when traced."""
+  if isinstance(start, (int, np.integer)):
+    _raise_if_past_cache(start, s_len, t_max)
+  else:
+    jax.debug.callback(_raise_if_past_cache, start, s_len, t_max)
 
 
 class SelfAttention(nnx.Module):

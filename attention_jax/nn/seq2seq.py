@@ -131,3 +131,7 @@ class Seq2Seq(nnx.Module):
     """Greedy predictions aligned with `batch['targets']`."""
     return self.greedy_decode(batch['source'], batch['source_mask'],
                               batch['targets'].shape[1])
+
+  def generate_batch(self, batch) -> jax.Array:
+    """Autoregressive predictions: `predict_batch` already decodes greedily."""
+    return self.predict_batch(batch)

@@ -18,6 +18,7 @@ import numpy as np
 from flax import nnx
 
 from attention_jax.attention import causal_mask
+from attention_jax.attention import sliding_window_mask
 from attention_jax.nn.attention import MultiHeadAttention
 from attention_jax.positional import PositionalEncoding
 from attention_jax.positional import make_encoding
@@ -27,10 +28,10 @@ class Block(nnx.Module):
   """Pre-LN transformer block: causal self-attention and a GELU MLP."""
 
   def __init__(self, d_model: int, num_heads: int, mlp_dim: int,
-               positional: PositionalEncoding, *, rngs: nnx.Rngs):
+               positional: PositionalEncoding, *, rngs: nnx.Rngs, **attention_options):
     self.attention_norm = nnx.LayerNorm(d_model, rngs=rngs)
     self.attention = MultiHeadAttention(d_model, num_heads, positional=positional,
-                                        rngs=rngs)
+                                        rngs=rngs, **attention_options)
     self.mlp_norm = nnx.LayerNorm(d_model, rngs=rngs)
     self.mlp_in = nnx.Linear(d_model, mlp_dim, rngs=rngs)
     self.mlp_out = nnx.Linear(mlp_dim, d_model, rngs=rngs)
@@ -38,9 +39,16 @@ class Block(nnx.Module):
   def __call__(self, x, *, mask, positions):
     """x `[B, T, d_model]` -> (`[B, T, d_model]`, weights `[B, H, T, T]`)."""
     h, weights = self.attention(self.attention_norm(x), mask=mask, positions=positions)
-    x = x + h
-    x = x + self.mlp_out(jax.nn.gelu(self.mlp_in(self.mlp_norm(x))))
-    return x, weights
+    return self._mlp(x + h), weights
+
+  def extend(self, x, cache, start, positions):
+    """Cached decoding (see `MultiHeadAttention.extend`) -> (x, cache)."""
+    h, cache = self.attention.extend(self.attention_norm(x), cache, start,
+                                     positions=positions)
+    return self._mlp(x + h), cache
+
+  def _mlp(self, x):
+    return x + self.mlp_out(jax.nn.gelu(self.mlp_in(self.mlp_norm(x))))
 
 
 class TransformerLM(nnx.Module):
@@ -53,6 +61,8 @@ class TransformerLM(nnx.Module):
     max_length: positions the model must handle; sizes a learned table (its
       rows past the training lengths are never trained — which is what a
       length-extrapolation study measures).
+    num_kv_heads, sliding_window: see `MultiHeadAttention` (GQA/MQA, local
+      attention).
     rngs: `nnx.Rngs` for the parameters.
   """
 
@@ -60,13 +70,18 @@ class TransformerLM(nnx.Module):
 
   def __init__(self, *, vocab_size: int, d_model: int, num_heads: int,
                num_layers: int, mlp_dim: int, encoding: str,
-               max_length: Optional[int], rngs: nnx.Rngs):
+               max_length: Optional[int], num_kv_heads: Optional[int] = None,
+               sliding_window: Optional[int] = None,
+               encoding_options: Optional[dict] = None, rngs: nnx.Rngs):
     self.embed = nnx.Embed(vocab_size, d_model,
                            embedding_init=nnx.initializers.normal(1.0), rngs=rngs)
     self.positional = make_encoding(encoding, d_model=d_model, num_heads=num_heads,
-                                    max_length=max_length, causal=True, rngs=rngs)
+                                    max_length=max_length, causal=True, rngs=rngs,
+                                    **(encoding_options or {}))
+    self.sliding_window = sliding_window
     self.blocks = nnx.List([
-        Block(d_model, num_heads, mlp_dim, self.positional, rngs=rngs)
+        Block(d_model, num_heads, mlp_dim, self.positional, rngs=rngs,
+              num_kv_heads=num_kv_heads, sliding_window=sliding_window)
         for _ in range(num_layers)])
     self.final_norm = nnx.LayerNorm(d_model, rngs=rngs)
     self.unembed = nnx.Linear(d_model, vocab_size, rngs=rngs)
@@ -85,6 +100,8 @@ class TransformerLM(nnx.Module):
       positions = np.arange(t, dtype=np.int32)
     x = self.positional.add_to_embeddings(self.embed(tokens), positions)
     mask = causal_mask(t)
+    if self.sliding_window is not None:
+      mask = mask & sliding_window_mask(t, t, self.sliding_window)
     all_weights = []
     for block in self.blocks:
       x, weights = block(x, mask=mask, positions=positions)
@@ -92,10 +109,68 @@ class TransformerLM(nnx.Module):
     logits = self.unembed(self.final_norm(x)).astype(jnp.float32)
     return (logits, all_weights) if return_weights else logits
 
+  def init_cache(self, batch_size: int, max_length: int, dtype=jnp.float32) -> list:
+    """One empty key/value cache per block, for `extend`."""
+    return [block.attention.init_cache(batch_size, max_length, dtype)
+            for block in self.blocks]
+
+  def extend(self, tokens: jax.Array, cache: list, start, *,
+             positions: Optional[jax.Array] = None) -> tuple[jax.Array, list]:
+    """Cached decoding: tokens int `[B, S]` at slots `start … start+S-1`
+    (positions default to the slots) -> (logits float32 `[B, S, V]`, cache).
+    Logits equal those of the full causal pass at the same positions."""
+    s_len = tokens.shape[1]
+    if positions is None:
+      positions = start + jnp.arange(s_len, dtype=jnp.int32)
+    x = self.positional.add_to_embeddings(self.embed(tokens), positions)
+    new_cache = []
+    for block, layer_cache in zip(self.blocks, cache):
+      x, layer_cache = block.extend(x, layer_cache, start, positions)
+      new_cache.append(layer_cache)
+    return self.unembed(self.final_norm(x)).astype(jnp.float32), new_cache
+
   def forward_batch(self, batch) -> jax.Array:
-    """Logits aligned with `batch['targets']` (the `decoder_only` layout)."""
-    return self(batch['inputs'])
+    """Logits aligned with `batch['targets']` (the `decoder_only` layout),
+    at `batch['positions']` when the batch has them (randomized positions)."""
+    return self(batch['inputs'], positions=batch.get('positions'))
 
   def predict_batch(self, batch) -> jax.Array:
     """Teacher-forced argmax predictions aligned with `batch['targets']`."""
     return jnp.argmax(self.forward_batch(batch), -1).astype(jnp.int32)
+
+  def generate_batch(self, batch) -> jax.Array:
+    """Greedy autoregressive predictions aligned with `batch['targets']`:
+    the prompt (up to the first output token) is read, then every token is
+    the model's own previous prediction, with a key/value cache."""
+    prompt_lengths = jnp.argmax(batch['loss_mask'], axis=1) + 1
+    return greedy_predictions(self, batch['inputs'], prompt_lengths,
+                              batch.get('positions'))
+
+
+def greedy_predictions(model: TransformerLM, inputs: jax.Array,
+                       prompt_lengths: jax.Array,
+                       positions: Optional[jax.Array] = None) -> jax.Array:
+  """Greedy decoding, one token per step through `model.extend`.
+
+  Step t feeds `inputs[:, t]` while t < prompt_lengths (int `[B]`), else the
+  prediction of step t-1, and predicts token t+1. Returns int32 `[B, T]`;
+  under teacher forcing the same predictions would come from `model(inputs)`
+  wherever every earlier prediction was right.
+  """
+  b, t = inputs.shape
+  graphdef, state = nnx.split(model)  # a pure scan body: merge inside
+  if positions is not None:
+    positions = jnp.broadcast_to(jnp.asarray(positions, jnp.int32), (b, t))
+
+  def step(carry, i):
+    cache, previous = carry
+    token = jnp.where(i < prompt_lengths, inputs[:, i], previous)
+    pos = None if positions is None else jax.lax.dynamic_slice_in_dim(positions, i, 1, 1)
+    logits, cache = nnx.merge(graphdef, state).extend(token[:, None], cache, i,
+                                                      positions=pos)
+    prediction = jnp.argmax(logits[:, 0], -1).astype(jnp.int32)
+    return (cache, prediction), prediction
+
+  init = (model.init_cache(b, t), jnp.zeros((b,), jnp.int32))
+  _, predictions = jax.lax.scan(step, init, jnp.arange(t, dtype=jnp.int32))
+  return predictions.T

@@ -12,9 +12,11 @@ from flax import nnx
 from attention_jax.positional.alibi import ALiBi
 from attention_jax.positional.base import NoPE
 from attention_jax.positional.base import PositionalEncoding
+from attention_jax.positional.kerple import KERPLE
 from attention_jax.positional.learned import Learned
 from attention_jax.positional.rope import RoPE
 from attention_jax.positional.sinusoidal import Sinusoidal
+from attention_jax.positional.t5 import T5RelativeBias
 
 ENCODINGS = {
     'none': NoPE,
@@ -22,7 +24,23 @@ ENCODINGS = {
     'learned': Learned,
     'rope': RoPE,
     'alibi': ALiBi,
+    't5': T5RelativeBias,
+    'kerple': KERPLE,
 }
+
+
+MODIFIERS = ('randomized',)
+
+
+def parse_encoding_spec(spec: str) -> tuple[str, bool]:
+  """'NAME' or 'NAME:randomized' (how sweeps and presets name an encoding
+  trained on randomized positions, Ruoss et al. 2023) -> (NAME, randomized)."""
+  name, _, modifier = spec.partition(':')
+  if name not in ENCODINGS or modifier not in ('',) + MODIFIERS:
+    raise ValueError(
+        f'bad encoding {spec!r}: expected NAME or NAME:randomized with NAME one of '
+        f'{sorted(ENCODINGS)}.')
+  return name, modifier == 'randomized'
 
 
 def make_encoding(

@@ -22,6 +22,8 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from attention_jax.positional.randomized import random_positions
+
 PAD, BOS, SEP, EOS = 0, 1, 2, 3
 NUM_SPECIAL = 4
 
@@ -140,12 +142,26 @@ def sample_lengths(key: jax.Array, batch_size: int, min_length: int,
   return jax.random.randint(key, (batch_size,), min_length, max_length + 1, jnp.int32)
 
 
+def with_random_positions(batch: dict[str, jax.Array], key: jax.Array,
+                          max_position: int) -> dict[str, jax.Array]:
+  """Adds `positions` `[B, T]`: sorted random positions from [0, max_position)
+  (Ruoss et al. 2023) for the model to read instead of 0 … T-1."""
+  b, t = batch['inputs'].shape
+  return dict(batch, positions=random_positions(key, b, t, max_position))
+
+
 def train_batch(task: Task, seed: int, step: jax.Array, *, batch_size: int,
                 min_length: int, max_length: int, vocab_size: int,
-                layout: str = 'decoder_only') -> dict[str, jax.Array]:
-  """The training batch of `step` for `seed`: the same on every run."""
+                layout: str = 'decoder_only', max_position: int = 0,
+                ) -> dict[str, jax.Array]:
+  """The training batch of `step` for `seed`: the same on every run. With
+  `max_position` > 0 (decoder-only layout), randomized positions too."""
   key = jax.random.fold_in(jax.random.key(seed), step)
   length_key, token_key = jax.random.split(key)
   lengths = sample_lengths(length_key, batch_size, min_length, max_length)
-  return LAYOUTS[layout](task, token_key, lengths, vocab_size=vocab_size,
-                         max_input_length=max_length)
+  batch = LAYOUTS[layout](task, token_key, lengths, vocab_size=vocab_size,
+                          max_input_length=max_length)
+  if max_position:
+    # A third stream: adding it leaves the tokens of every (seed, step) as they were.
+    batch = with_random_positions(batch, jax.random.fold_in(key, 2), max_position)
+  return batch

@@ -33,13 +33,33 @@ from attention_jax.train.step import compiled_step
 MODEL_KINDS = ('transformer', 'seq2seq', 'seq2seq_attention')
 
 
+def longest_sequence(config: ml_collections.ConfigDict) -> int:
+  """Tokens the model reads at the longest evaluated input."""
+  return tasks.sequence_length(tasks.get_task(config.task.name), config.eval.max_length) - 1
+
+
+def randomized_max_position(config: ml_collections.ConfigDict) -> int:
+  """Randomized positions are drawn from [0, this); 0 when not randomized."""
+  if not config.pe.randomized:
+    return 0
+  return config.pe.max_position or 2 * longest_sequence(config)
+
+
 def model_max_length(config: ml_collections.ConfigDict) -> int:
-  """Positions the model must cover: the longest evaluation sequence, unless
-  `config.model.max_length` says otherwise (validated elsewhere)."""
+  """Positions the model must cover: the longest evaluation sequence (or the
+  randomized range), unless `config.model.max_length` says otherwise
+  (validated elsewhere)."""
   if config.model.max_length:
     return config.model.max_length
-  task = tasks.get_task(config.task.name)
-  return tasks.sequence_length(task, config.eval.max_length) - 1
+  return max(longest_sequence(config), randomized_max_position(config))
+
+
+def encoding_options(config: ml_collections.ConfigDict) -> dict:
+  """The keyword options `config.pe` gives the encoding `config.model.encoding`."""
+  if config.model.encoding == 't5':
+    return dict(num_buckets=config.pe.t5_num_buckets,
+                max_distance=config.pe.t5_max_distance)
+  return {}
 
 
 def build_model(config: ml_collections.ConfigDict, seed: int) -> nnx.Module:
@@ -55,7 +75,8 @@ def build_model(config: ml_collections.ConfigDict, seed: int) -> nnx.Module:
       vocab_size=config.task.vocab_size + tasks.NUM_SPECIAL, d_model=m.d_model,
       num_heads=m.num_heads, num_layers=m.num_layers, mlp_dim=m.mlp_dim,
       encoding=m.encoding, max_length=model_max_length(config),
-      rngs=nnx.Rngs(params=seed))
+      num_kv_heads=m.num_kv_heads or None, sliding_window=m.sliding_window or None,
+      encoding_options=encoding_options(config), rngs=nnx.Rngs(params=seed))
 
 
 def data_mesh() -> jax.sharding.Mesh:
@@ -98,7 +119,8 @@ def train(config: ml_collections.ConfigDict, workdir: Optional[str] = None,
       compiled_step, seed=jnp.int32(t_cfg.seed), graphdef=graphdef, task=task,
       batch_size=t_cfg.batch_size, min_length=config.task.train_min_length,
       max_length=config.task.train_max_length, vocab_size=config.task.vocab_size,
-      layout=model.batch_layout, data_sharding=NamedSharding(mesh, P('data')))
+      layout=model.batch_layout, data_sharding=NamedSharding(mesh, P('data')),
+      max_position=randomized_max_position(config))
   schedule = learning_rate_schedule(t_cfg)
 
   checkpointer = None

@@ -17,15 +17,18 @@ from flax import nnx
 from attention_jax import tasks
 
 
-def prediction_metrics(predictions: jax.Array,
-                       batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+def prediction_metrics(predictions: jax.Array, batch: dict[str, jax.Array],
+                       per_example: bool = False) -> dict[str, jax.Array]:
   """Accuracies of int `predictions` `[B, T]` over the output tokens
   (`batch['loss_mask']`): token_accuracy, and exact_match, the fraction of
   sequences with every output token right (under teacher forcing the same as
-  greedy decoding getting it all right)."""
+  greedy decoding getting it all right). `per_example`: instead, `exact`,
+  bool `[B]`, whether each sequence is entirely right."""
   mask = batch['loss_mask']
   num_tokens = jnp.maximum(mask.sum().astype(jnp.float32), 1.0)
   correct = (predictions == batch['targets']) | ~mask
+  if per_example:
+    return dict(exact=jnp.all(correct, axis=-1))
   return dict(
       token_accuracy=jnp.sum((correct & mask).astype(jnp.float32)) / num_tokens,
       exact_match=jnp.mean(jnp.all(correct, axis=-1).astype(jnp.float32)),
@@ -65,23 +68,25 @@ def train_step(graphdef: nnx.GraphDef, state: nnx.State,
 @functools.partial(
     jax.jit, donate_argnames='state',
     static_argnames=('graphdef', 'task', 'batch_size', 'min_length', 'max_length',
-                     'vocab_size', 'layout', 'data_sharding'))
+                     'vocab_size', 'layout', 'data_sharding', 'max_position'))
 def compiled_step(state: nnx.State, step: jax.Array, seed: jax.Array, *,
                   graphdef: nnx.GraphDef, task: tasks.Task, batch_size: int,
                   min_length: int, max_length: int, vocab_size: int, layout: str,
                   data_sharding: Optional[jax.sharding.Sharding] = None,
-                  ) -> tuple[nnx.State, dict[str, jax.Array]]:
+                  max_position: int = 0) -> tuple[nnx.State, dict[str, jax.Array]]:
   """Batch `step` of `seed` generated on device, then `train_step`; one XLA
   program, the state donated.
 
   `seed` is traced, so every seed of a sweep shares one compilation (jit's
   cache is keyed on the static arguments, equal for equal architectures).
   With `data_sharding`, the batch is laid out along it (data parallelism:
-  XLA partitions the step and all-reduces the gradients).
+  XLA partitions the step and all-reduces the gradients). `max_position` > 0
+  trains on randomized positions (see `tasks.train_batch`).
   """
   batch = tasks.train_batch(task, seed, step, batch_size=batch_size,
                             min_length=min_length, max_length=max_length,
-                            vocab_size=vocab_size, layout=layout)
+                            vocab_size=vocab_size, layout=layout,
+                            max_position=max_position)
   if data_sharding is not None:
     batch = jax.lax.with_sharding_constraint(batch, data_sharding)
   return train_step(graphdef, state, batch)

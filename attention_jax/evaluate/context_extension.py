@@ -1,0 +1,42 @@
+"""RoPE context extension at evaluation time: PI, NTK-aware, YaRN.
+
+A trained RoPE model is evaluated with scaled frequencies (see
+`positional/rope.py`) without retraining. The scaling is a static attribute
+of the model's `RoPE` module(s), set for the duration of a `with` block:
+the evaluation then compiles its own program, and the model is restored after.
+"""
+
+import contextlib
+from typing import Iterator, Optional
+
+from flax import nnx
+
+from attention_jax.positional.rope import RoPE
+from attention_jax.positional.rope import RopeScaling
+
+
+def rope_modules(model: nnx.Module) -> list[RoPE]:
+  """Every distinct `RoPE` module inside `model`."""
+  found = {}
+  for _, node in nnx.iter_graph(model):
+    if isinstance(node, RoPE):
+      found[id(node)] = node
+  return list(found.values())
+
+
+@contextlib.contextmanager
+def rope_scaled(model: nnx.Module, scaling: Optional[RopeScaling]) -> Iterator[nnx.Module]:
+  """Within the block, every RoPE of `model` uses `scaling` (None: plain).
+  A model without RoPE is an error: the scaling would silently do nothing."""
+  modules = rope_modules(model)
+  if scaling is not None and not modules:
+    raise ValueError(f'RoPE scaling {scaling.method!r} asked for a model without RoPE '
+                     f'({type(model).__name__}).')
+  saved = [m.scaling for m in modules]
+  try:
+    for m in modules:
+      m.scaling = scaling
+    yield model
+  finally:
+    for m, s in zip(modules, saved):
+      m.scaling = s
