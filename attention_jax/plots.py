@@ -22,8 +22,9 @@ def plot_extrapolation(rows: Sequence[dict], path: str, *, train_min: int,
   for row_axes, task in zip(axes, task_names):
     task_rows = [r for r in rows if r['task'] == task]
     encodings = list(dict.fromkeys(r['encoding'] for r in task_rows))
+    colors = plt.get_cmap('tab20')(np.linspace(0, 1, 20))
     for ax, (metric, title) in zip(row_axes, METRICS):
-      for enc in encodings:
+      for i, enc in enumerate(encodings):
         sel = [r for r in task_rows if r['encoding'] == enc]
         lengths = sorted({r['length'] for r in sel})
         values = np.array([[r[metric] for r in sel if r['length'] == n] for n in lengths
@@ -32,7 +33,10 @@ def plot_extrapolation(rows: Sequence[dict], path: str, *, train_min: int,
         lo = np.array([np.min(v) for v in values])
         hi = np.array([np.max(v) for v in values])
         seeds = len({r['seed'] for r in sel})
-        line, = ax.plot(lengths, 100 * mean, label=f'{enc} ({seeds} seeds)', lw=1.8)
+        # Variants of an encoding (NAME:randomized, rope+pi) dashed.
+        line, = ax.plot(lengths, 100 * mean, label=f'{enc} ({seeds} seeds)', lw=1.8,
+                        color=colors[(2 * i) % 20 if i < 10 else (2 * i + 1) % 20],
+                        ls='--' if (':' in enc or '+' in enc) else '-')
         ax.fill_between(lengths, 100 * lo, 100 * hi, color=line.get_color(), alpha=0.18)
       ax.axvspan(train_min, train_max, color="0.85", zorder=0,
                  label='training lengths')
@@ -87,6 +91,59 @@ def plot_training_curves(curves: dict[str, list[dict]], path: str) -> None:
     ax.set_xlabel('step')
     ax.grid(alpha=0.3)
   axes[0].legend(fontsize=7, ncol=2)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def plot_attention_maps(panels: Sequence[tuple[str, list[np.ndarray]]], path: str,
+                        tokens: Sequence[np.ndarray]) -> None:
+  """A grid of heat maps: for each `(title, weights)` panel (weights per layer,
+  `[H, T, T]` for one example), one row per layer and one column per head.
+  `tokens[i]` (the input ids of panel i) marks where outputs start (SEP)."""
+  rows = sum(len(w) for _, w in panels)
+  heads = panels[0][1][0].shape[0]
+  fig, axes = plt.subplots(rows, heads, figsize=(2.6 * heads, 2.5 * rows), squeeze=False)
+  r = 0
+  for (title, weights), toks in zip(panels, tokens):
+    sep = int(np.flatnonzero(np.asarray(toks) == 2)[0])  # tasks.SEP
+    for layer, w in enumerate(weights):
+      for h in range(heads):
+        ax = axes[r, h]
+        ax.imshow(w[h], cmap='viridis', vmin=0, vmax=1, interpolation='nearest')
+        ax.axhline(sep - 0.5, color='white', lw=0.6, ls=':')
+        ax.axvline(sep - 0.5, color='white', lw=0.6, ls=':')
+        ax.set_xticks([])
+        ax.set_yticks([])
+        ax.set_title(f'{title}\nlayer {layer}, head {h}' if h == 0 else f'head {h}',
+                     fontsize=8, loc='left')
+      axes[r, 0].set_ylabel('query i')
+      r += 1
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def plot_entropy(curves: dict[str, np.ndarray], path: str, *, train_tokens: int,
+                 title: str) -> None:
+  """Attention entropy vs query position, one line per encoding, with the
+  uniform-attention curve log(i + 1) and the longest training sequence."""
+  fig, ax = plt.subplots(figsize=(8, 4.6))
+  colors = plt.get_cmap('tab20')(np.linspace(0, 1, 20))
+  for i, (label, entropy) in enumerate(curves.items()):
+    ax.plot(np.arange(len(entropy)), entropy, lw=1.6, label=label,
+            color=colors[(2 * i) % 20 if i < 10 else (2 * i + 1) % 20])
+  longest = max(len(e) for e in curves.values())
+  ax.plot(np.arange(longest), np.log(np.arange(longest) + 1), 'k--', lw=1,
+          label='uniform over keys 0…i')
+  ax.axvline(train_tokens - 0.5, color='0.5', lw=1, ls=':')
+  ax.text(train_tokens, ax.get_ylim()[1] * 0.95, ' longest training sequence',
+          fontsize=8, color='0.4', va='top')
+  ax.set_xlabel('query position i')
+  ax.set_ylabel('attention entropy (nats, mean over heads, layers, examples)')
+  ax.set_title(title)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8, ncol=2)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)

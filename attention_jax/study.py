@@ -146,6 +146,12 @@ def run_configs(config: ml_collections.ConfigDict) -> list[ml_collections.Config
   return runs
 
 
+def run_directory(workdir: str, config: ml_collections.ConfigDict) -> str:
+  """Where the study keeps one run: `workdir/runs/TASK/LABEL/seedN`."""
+  return os.path.join(workdir, 'runs', config.task.name, run_label(config),
+                      f'seed{config.train.seed}')
+
+
 def run_study(config: ml_collections.ConfigDict, workdir: str,
               log: Callable[[str], None] = print,
               on_trained: Optional[OnTrained] = None) -> list[dict]:
@@ -161,7 +167,7 @@ def run_study(config: ml_collections.ConfigDict, workdir: str,
   tx = make_optimizer(config.train)  # one object: runs share compilations
   for i, c in enumerate(runs, 1):
     name = f'{c.task.name} {run_label(c)} seed {c.train.seed}'
-    run_dir = os.path.join(workdir, 'runs', c.task.name, run_label(c), f'seed{c.train.seed}')
+    run_dir = run_directory(workdir, c)
     done = os.path.join(run_dir, 'results.csv')
     if os.path.exists(done):
       rows += results.read_rows(done)

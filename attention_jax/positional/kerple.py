@@ -31,9 +31,9 @@ class KERPLE(PositionalEncoding):
   """'kerple': learned logarithmic distance penalty per head."""
 
   def __init__(self, num_heads: int):
-    init = jnp.full((num_heads,), _SOFTPLUS_INVERSE_OF_ONE, jnp.float32)
-    self.raw_r1 = nnx.Param(init)
-    self.raw_r2 = nnx.Param(init)
+    # Two arrays, not one shared: a donated train state must not alias buffers.
+    self.raw_r1 = nnx.Param(jnp.full((num_heads,), _SOFTPLUS_INVERSE_OF_ONE, jnp.float32))
+    self.raw_r2 = nnx.Param(jnp.full((num_heads,), _SOFTPLUS_INVERSE_OF_ONE, jnp.float32))
 
   @classmethod
   def build(cls, *, d_model, num_heads, max_length, causal, rngs):
