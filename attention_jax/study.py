@@ -71,7 +71,9 @@ def run_one(config: ml_collections.ConfigDict, workdir: str,
           train_max=config.task.train_max_length, num_samples=config.eval.num_samples,
           vocab_size=config.task.vocab_size, eval_seed=config.eval.seed,
           batch_size=config.eval.batch_size, max_position=max_position,
-          generate=config.eval.generate and is_transformer)
+          # Generation checks the model's cached decoding path, which RoPE
+          # scaling does not change: once per model is enough.
+          generate=config.eval.generate and is_transformer and scaling is None)
     rows += [dict(task=config.task.name, encoding=label, seed=config.train.seed,
                   config_hash=config_hash(config), version=attention_jax.__version__,
                   **r) for r in per_length]

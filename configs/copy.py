@@ -72,6 +72,7 @@ def get_config(arg=None):
   c.model.max_length = 0  # positions covered (learned table); 0 = the longest eval sequence
   c.model.num_kv_heads = 0  # key/value heads (grouped-query; 1 = multi-query); 0 = num_heads
   c.model.sliding_window = 0  # attend to this many latest tokens only (local attention); 0 = all
+  c.model.attention_implementation = 'auto'  # dense | chunked | cudnn | auto (chunked for long evals)
   c.model.rnn_hidden_dim = 128  # seq2seq only: GRU state width
   c.model.bidirectional = False  # seq2seq only: forward + backward GRU encoder
   c.model.attention_score = 'additive'  # seq2seq_attention only: additive (Bahdanau) | dot (Luong)

@@ -13,3 +13,5 @@ from attention_jax.attention.additive import attend
 from attention_jax.attention.additive import dot_scores
 from attention_jax.attention.dense import masked_softmax
 from attention_jax.attention.chunked import chunked_attention
+from attention_jax.attention.dispatch import scaled_dot_product_attention
+from attention_jax.attention.dispatch import select_implementation

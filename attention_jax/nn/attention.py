@@ -18,17 +18,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from attention_jax.attention import causal_mask
-from attention_jax.attention import chunked_attention
-from attention_jax.attention import combine_masks
 from attention_jax.attention import multi_head_attention
-from attention_jax.attention import sliding_window_mask
+from attention_jax.attention import scaled_dot_product_attention
+from attention_jax.attention import select_implementation
+from attention_jax.attention.dispatch import IMPLEMENTATIONS
 from attention_jax.positional import NoPE
 from attention_jax.positional import PositionalEncoding
 from attention_jax.positional import make_encoding
 
 Positional = Union[str, PositionalEncoding, None]
-IMPLEMENTATIONS = ('dense', 'chunked', 'auto')
 
 
 def _resolve_positional(positional: Positional, *, d_model, num_heads,
@@ -43,6 +41,12 @@ def _resolve_positional(positional: Positional, *, d_model, num_heads,
         'positional must be an encoding name, a PositionalEncoding or None, '
         f'got {type(positional).__name__}.')
   return positional
+
+
+def _is_arange(positions) -> bool:
+  """Static positions 0 … T-1 (what linear biases and the chunked path assume)."""
+  return (isinstance(positions, np.ndarray) and positions.ndim == 1
+          and np.array_equal(positions, np.arange(len(positions))))
 
 
 def _add_biases(*biases):
@@ -70,8 +74,9 @@ class MultiHeadAttention(nnx.Module):
     dtype, param_dtype: computation and parameter dtypes of the projections.
     implementation: 'dense' (weights available, any mask or bias), 'chunked'
       (blockwise, O(T) memory; masks only through `causal`/`kv_lengths`,
-      biases only linear ones like causal ALiBi; no weights), or 'auto'
-      (chunked whenever the call allows it, else dense).
+      biases only linear ones like causal ALiBi; no weights), 'cudnn' (GPU,
+      half precision) or 'auto' (the fastest that can serve the call; see
+      `attention.dispatch`).
     chunk_size: query and key block size of the chunked path.
     rngs: `nnx.Rngs` for the parameters.
   """
@@ -148,25 +153,27 @@ class MultiHeadAttention(nnx.Module):
                            else np.arange(context.shape[1], dtype=np.int32))
     q, k, v = self.W_Q(x), self.W_K(context), self.W_V(context)
     q, k = self.positional.rotate_queries_keys(q, k, positions, context_positions)
-    if self._use_chunked(mask, bias, return_weights, positions, context_positions):
-      out = chunked_attention(q, k, v, causal=causal, kv_lengths=kv_lengths,
-                              alibi_slopes=self.positional.linear_bias_slopes(),
-                              window=self.sliding_window,
-                              q_chunk=self.chunk_size, k_chunk=self.chunk_size)
-      return self.W_O(out), None
-    if causal:
-      if x.shape[1] != context.shape[1]:
-        raise ValueError(f'causal=True needs T_q == T_k, got {x.shape[1]} and {context.shape[1]}.')
-      mask = combine_masks(mask, causal_mask(x.shape[1]))
-    if self.sliding_window is not None:
-      mask = combine_masks(mask, sliding_window_mask(
-          x.shape[1], context.shape[1], self.sliding_window))
-    if kv_lengths is not None:
-      keys = jnp.arange(context.shape[1])[None, None, None, :]
-      mask = combine_masks(mask, keys < jnp.asarray(kv_lengths)[:, None, None, None])
-    bias = _add_biases(bias, self.positional.attention_bias(positions, context_positions))
-    out, weights = multi_head_attention(q, k, v, mask=mask, bias=bias)
-    return self.W_O(out), (weights if return_weights else None)
+    enc = self.positional
+    default_positions = _is_arange(positions) and _is_arange(context_positions)
+    slopes = enc.linear_bias_slopes() if default_positions else None
+    obstacles = []
+    if enc.has_attention_bias and enc.linear_bias_slopes() is None:
+      obstacles.append(f'the bias of {type(enc).__name__}, which is not linear in i - j')
+    elif enc.has_attention_bias and slopes is None:
+      obstacles.append('a position bias with positions other than the default 0 … T-1')
+    impl = select_implementation(
+        self.implementation, t_k=context.shape[1], dtype=q.dtype, head_dim=self.head_dim,
+        return_weights=return_weights, dense_mask=mask is not None,
+        dense_bias=bias is not None, chunked_obstacles=tuple(obstacles))
+    if impl == 'chunked':
+      enc_bias = None  # ALiBi rebuilt block by block from its slopes
+    else:
+      enc_bias, slopes = enc.attention_bias(positions, context_positions), None
+    out, weights = scaled_dot_product_attention(
+        q, k, v, mask=mask, bias=_add_biases(bias, enc_bias), causal=causal,
+        kv_lengths=kv_lengths, alibi_slopes=slopes, window=self.sliding_window,
+        implementation=impl, return_weights=return_weights, chunk_size=self.chunk_size)
+    return self.W_O(out), weights
 
   def init_cache(self, batch_size: int, max_length: int, dtype=jnp.float32) -> dict:
     """An empty cache for `extend`: key/value `[B, max_length, H_kv, D]`
@@ -213,29 +220,6 @@ class MultiHeadAttention(nnx.Module):
     out, _ = multi_head_attention(q, cache['key'].astype(q.dtype),
                                   cache['value'].astype(v.dtype), mask=mask, bias=bias)
     return self.W_O(out), cache
-
-  def _use_chunked(self, mask, bias, return_weights, positions, context_positions) -> bool:
-    """Whether this call takes the chunked path; a clear error when
-    'chunked' was asked for a call it cannot serve."""
-    if self.implementation == 'dense':
-      return False
-    enc = self.positional
-    reasons = []
-    if return_weights:
-      reasons.append('return_weights=True (the chunked path never forms the weights)')
-    if mask is not None or bias is not None:
-      reasons.append('a dense mask or bias (pass causal= and kv_lengths= instead)')
-    if enc.has_attention_bias and enc.linear_bias_slopes() is None:
-      reasons.append(f'the bias of {type(enc).__name__}, which is not linear in i - j')
-    if enc.linear_bias_slopes() is not None and not (
-        isinstance(positions, np.ndarray) and isinstance(context_positions, np.ndarray)
-        and np.array_equal(positions, np.arange(len(positions)))
-        and np.array_equal(context_positions, np.arange(len(context_positions)))):
-      reasons.append('a position bias with positions other than the default 0 … T-1')
-    if self.implementation == 'chunked' and reasons:
-      raise ValueError("implementation='chunked' cannot serve this call: "
-                       + '; '.join(reasons) + ". Use 'dense' or 'auto'.")
-    return not reasons
 
 
 def _raise_if_past_cache(start, s_len, t_max) -> None:

@@ -17,8 +17,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from attention_jax.attention import causal_mask
-from attention_jax.attention import sliding_window_mask
 from attention_jax.nn.attention import MultiHeadAttention
 from attention_jax.positional import PositionalEncoding
 from attention_jax.positional import make_encoding
@@ -36,9 +34,10 @@ class Block(nnx.Module):
     self.mlp_in = nnx.Linear(d_model, mlp_dim, rngs=rngs)
     self.mlp_out = nnx.Linear(mlp_dim, d_model, rngs=rngs)
 
-  def __call__(self, x, *, mask, positions):
-    """x `[B, T, d_model]` -> (`[B, T, d_model]`, weights `[B, H, T, T]`)."""
-    h, weights = self.attention(self.attention_norm(x), mask=mask, positions=positions)
+  def __call__(self, x, *, positions, return_weights):
+    """x `[B, T, d_model]` -> (`[B, T, d_model]`, weights `[B, H, T, T]` or None)."""
+    h, weights = self.attention(self.attention_norm(x), causal=True, positions=positions,
+                                return_weights=return_weights)
     return self._mlp(x + h), weights
 
   def extend(self, x, cache, start, positions):
@@ -61,8 +60,9 @@ class TransformerLM(nnx.Module):
     max_length: positions the model must handle; sizes a learned table (its
       rows past the training lengths are never trained — which is what a
       length-extrapolation study measures).
-    num_kv_heads, sliding_window: see `MultiHeadAttention` (GQA/MQA, local
-      attention).
+    num_kv_heads, sliding_window, implementation: see `MultiHeadAttention`
+      (GQA/MQA, local attention, dense/chunked/cudnn/auto: with 'auto', long
+      evaluations run blockwise in O(T) memory).
     rngs: `nnx.Rngs` for the parameters.
   """
 
@@ -71,17 +71,17 @@ class TransformerLM(nnx.Module):
   def __init__(self, *, vocab_size: int, d_model: int, num_heads: int,
                num_layers: int, mlp_dim: int, encoding: str,
                max_length: Optional[int], num_kv_heads: Optional[int] = None,
-               sliding_window: Optional[int] = None,
+               sliding_window: Optional[int] = None, implementation: str = 'auto',
                encoding_options: Optional[dict] = None, rngs: nnx.Rngs):
     self.embed = nnx.Embed(vocab_size, d_model,
                            embedding_init=nnx.initializers.normal(1.0), rngs=rngs)
     self.positional = make_encoding(encoding, d_model=d_model, num_heads=num_heads,
                                     max_length=max_length, causal=True, rngs=rngs,
                                     **(encoding_options or {}))
-    self.sliding_window = sliding_window
     self.blocks = nnx.List([
         Block(d_model, num_heads, mlp_dim, self.positional, rngs=rngs,
-              num_kv_heads=num_kv_heads, sliding_window=sliding_window)
+              num_kv_heads=num_kv_heads, sliding_window=sliding_window,
+              implementation=implementation)
         for _ in range(num_layers)])
     self.final_norm = nnx.LayerNorm(d_model, rngs=rngs)
     self.unembed = nnx.Linear(d_model, vocab_size, rngs=rngs)
@@ -99,12 +99,9 @@ class TransformerLM(nnx.Module):
     if positions is None:
       positions = np.arange(t, dtype=np.int32)
     x = self.positional.add_to_embeddings(self.embed(tokens), positions)
-    mask = causal_mask(t)
-    if self.sliding_window is not None:
-      mask = mask & sliding_window_mask(t, t, self.sliding_window)
     all_weights = []
     for block in self.blocks:
-      x, weights = block(x, mask=mask, positions=positions)
+      x, weights = block(x, positions=positions, return_weights=return_weights)
       all_weights.append(weights)
     logits = self.unembed(self.final_norm(x)).astype(jnp.float32)
     return (logits, all_weights) if return_weights else logits

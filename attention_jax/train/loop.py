@@ -76,6 +76,7 @@ def build_model(config: ml_collections.ConfigDict, seed: int) -> nnx.Module:
       num_heads=m.num_heads, num_layers=m.num_layers, mlp_dim=m.mlp_dim,
       encoding=m.encoding, max_length=model_max_length(config),
       num_kv_heads=m.num_kv_heads or None, sliding_window=m.sliding_window or None,
+      implementation=m.attention_implementation,
       encoding_options=encoding_options(config), rngs=nnx.Rngs(params=seed))
 
 
