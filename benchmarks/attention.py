@@ -19,7 +19,6 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-import torch
 from absl import app
 from absl import flags
 from flax import nnx
@@ -32,6 +31,9 @@ _IMPLS = flags.DEFINE_list('impls', ['chunked', 'dense'], 'Our implementations.'
 _DENSE_MAX = flags.DEFINE_integer('dense_max_length', 2048, 'Longest length for dense.')
 _REPEATS = flags.DEFINE_integer('repeats', 5, 'Timed calls per implementation.')
 _OUT = flags.DEFINE_string('out', 'benchmarks/results', 'Output folder.')
+_PYTORCH = flags.DEFINE_bool('pytorch', True, 'Include PyTorch (else ratios to our first impl).')
+_DTYPE = flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'],
+                           'Inputs and weights of both sides (bfloat16: for GPUs).')
 
 BATCH, D_MODEL, HEADS = 4, 512, 8
 
@@ -58,7 +60,9 @@ def layer_gflop(t: int) -> float:
 
 
 def ours(impl: str, x: np.ndarray, cotangent: np.ndarray):
-  mha = aj.MultiHeadAttention(D_MODEL, HEADS, implementation=impl, rngs=nnx.Rngs(0))
+  dtype = jnp.dtype(_DTYPE.value)
+  mha = aj.MultiHeadAttention(D_MODEL, HEADS, implementation=impl, dtype=dtype,
+                              param_dtype=dtype, rngs=nnx.Rngs(0))
   graphdef, params = nnx.split(mha)
 
   @jax.jit
@@ -69,20 +73,24 @@ def ours(impl: str, x: np.ndarray, cotangent: np.ndarray):
     (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(params, x)
     return out, grads
 
-  xj, gj = jnp.asarray(x), jnp.asarray(cotangent)
+  xj, gj = jnp.asarray(x, dtype), jnp.asarray(cotangent, dtype)
   run = lambda: jax.block_until_ready(step(params, xj, gj))
   return run, mha
 
 
 def theirs(mha, x: np.ndarray, cotangent: np.ndarray):
+  import torch  # pylint: disable=g-import-not-at-top  (benchmark-only dependency)
+  device = 'cuda' if torch.cuda.is_available() else 'cpu'
+  dtype = getattr(torch, _DTYPE.value)
   def linear(kernel):  # ours [in, H, D] or [H, D, out] -> torch weight [out, in]
-    w = np.asarray(kernel).reshape(D_MODEL, D_MODEL)
+    w = np.asarray(kernel, np.float32).reshape(D_MODEL, D_MODEL)
     layer = torch.nn.Linear(D_MODEL, D_MODEL, bias=False)
     layer.weight.data = torch.from_numpy(np.ascontiguousarray(w.T))
-    return layer
+    return layer.to(device=device, dtype=dtype)
   w_q, w_k, w_v, w_o = (linear(getattr(mha, n).kernel[...]) for n in ('W_Q', 'W_K', 'W_V', 'W_O'))
-  xt = torch.from_numpy(x).requires_grad_(True)
-  gt = torch.from_numpy(cotangent)
+  xt = torch.from_numpy(x).to(device=device, dtype=dtype).requires_grad_(True)
+  gt = torch.from_numpy(cotangent).to(device=device, dtype=dtype)
+  sync = torch.cuda.synchronize if device == 'cuda' else (lambda: None)
   split = lambda h: h.view(BATCH, -1, HEADS, D_MODEL // HEADS).transpose(1, 2)
 
   def run():
@@ -92,15 +100,15 @@ def theirs(mha, x: np.ndarray, cotangent: np.ndarray):
         split(w_q(xt)), split(w_k(xt)), split(w_v(xt)), is_causal=True)
     out = w_o(o.transpose(1, 2).reshape(BATCH, -1, D_MODEL))
     (out * gt).sum().backward()
+    sync()
     return out
   return run
 
 
 def main(argv):
   del argv
-  torch.manual_seed(0)
   peak = matmul_peak_gflops()
-  print(f'float32 matmul peak: {peak:.0f} GFLOP/s; torch threads {torch.get_num_threads()}')
+  print(f'float32 matmul peak: {peak:.0f} GFLOP/s')
   rows = []
   for t in map(int, _LENGTHS.value):
     rng = np.random.default_rng(t)
@@ -111,11 +119,14 @@ def main(argv):
       if impl == 'dense' and t > _DENSE_MAX.value:
         continue
       runners[f'ours-{impl}'], mha = ours(impl, x, g)
-    runners['pytorch-sdpa'] = theirs(mha, x, g)
-    outputs = {name: np.asarray(run()[0] if name.startswith('ours') else run().detach())
-               for name, run in runners.items()}
+    if _PYTORCH.value:
+      runners['pytorch-sdpa'] = theirs(mha, x, g)
+    baseline = 'pytorch-sdpa' if _PYTORCH.value else next(iter(runners))
+    outputs = {name: np.asarray(run()[0], np.float32) if name.startswith('ours')
+               else run().detach().float().cpu().numpy() for name, run in runners.items()}
+    tol = 2e-4 if _DTYPE.value == 'float32' else 5e-2  # bfloat16: 8 mantissa bits
     for name, out in outputs.items():  # equal outputs before any timing
-      np.testing.assert_allclose(out, outputs['pytorch-sdpa'], atol=2e-4, rtol=2e-4,
+      np.testing.assert_allclose(out, outputs[baseline], atol=tol, rtol=tol,
                                  err_msg=name)
     times = {name: [] for name in runners}
     for _ in range(_REPEATS.value):  # interleaved: A B A B …
@@ -123,17 +134,19 @@ def main(argv):
         start = time.perf_counter()
         run()
         times[name].append(time.perf_counter() - start)
-    base = statistics.median(times['pytorch-sdpa'])
+    base = statistics.median(times[baseline])
     for name, ts in times.items():
       median = statistics.median(ts)
       rows.append(dict(length=t, impl=name, median_s=median, min_s=min(ts), max_s=max(ts),
-                       ratio_to_pytorch=median / base,
+                       ratio_to_pytorch=median / base, baseline=baseline,
                        gflops=layer_gflop(t) / median,
                        fraction_of_peak=layer_gflop(t) / median / peak))
       print(rows[-1], flush=True)
   lines = [f'float32 matmul peak {peak:.0f} GFLOP/s. Causal layer fwd+bwd, batch {BATCH}, '
-           f'd_model {D_MODEL}, {HEADS} heads.', '',
-           '| T | implementation | median s (min–max) | × PyTorch | GFLOP/s | % of peak |',
+           f'd_model {D_MODEL}, {HEADS} heads, {_DTYPE.value}, JAX on '
+           f'{jax.devices()[0].device_kind}.', '',
+           f"| T | implementation | median s (min–max) | × {rows[0]['baseline']} | GFLOP/s | "
+           '% of peak |',
            '|---|---|---|---|---|---|']
   for r in rows:
     lines.append(f"| {r['length']} | {r['impl']} | {r['median_s']:.3f} ({r['min_s']:.3f}–"

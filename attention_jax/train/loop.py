@@ -5,13 +5,13 @@ Data parallel over every local device with one code path: a 1-D mesh named
 device is the same code with a mesh of one).
 """
 
-import functools
 import os
 import time
 from typing import Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import ml_collections
 import optax
 import tqdm
@@ -28,7 +28,7 @@ from attention_jax.train.interrupt import stop_requests
 from attention_jax.train.metrics import MetricsWriter
 from attention_jax.train.optimizer import learning_rate_schedule
 from attention_jax.train.optimizer import make_optimizer
-from attention_jax.train.step import compiled_step
+from attention_jax.train.step import step_function
 
 MODEL_KINDS = ('transformer', 'seq2seq', 'seq2seq_attention')
 
@@ -105,9 +105,10 @@ def train(config: ml_collections.ConfigDict, workdir: Optional[str] = None,
   time-boxed jobs) saves a checkpoint and raises `TrainingInterrupted`.
   Host-device syncs happen every `config.train.log_every` steps only.
 
-  `tx` defaults to `make_optimizer(config.train)`. The compiled step is cached
-  on the optimizer object, so a sweep passes one `tx` to all its runs to
-  compile once per architecture instead of once per run.
+  `tx` defaults to `make_optimizer(config.train)`. The compiled step is
+  memoised on the static structure, which includes the optimizer object, so
+  a sweep passes one `tx` to all its runs to compile once per architecture
+  instead of once per run.
   """
   t_cfg = config.train
   task = tasks.get_task(config.task.name)
@@ -116,12 +117,14 @@ def train(config: ml_collections.ConfigDict, workdir: Optional[str] = None,
   graphdef, state = nnx.split((model, optimizer))
   mesh = data_mesh()
   state = jax.device_put(state, NamedSharding(mesh, P()))  # replicated
-  step_fn = functools.partial(
-      compiled_step, seed=jnp.int32(t_cfg.seed), graphdef=graphdef, task=task,
+  seed = jnp.int32(t_cfg.seed)
+  jitted = step_function(
+      graphdef=graphdef, task=task,
       batch_size=t_cfg.batch_size, min_length=config.task.train_min_length,
       max_length=config.task.train_max_length, vocab_size=config.task.vocab_size,
       layout=model.batch_layout, data_sharding=NamedSharding(mesh, P('data')),
       max_position=randomized_max_position(config))
+  step_fn = lambda state, step: jitted(state, step, seed)
   schedule = learning_rate_schedule(t_cfg)
 
   checkpointer = None
@@ -140,7 +143,7 @@ def train(config: ml_collections.ConfigDict, workdir: Optional[str] = None,
   try:
     with stop_requests() as stop:
       for step in range(start, t_cfg.num_steps):
-        state, metrics = step_fn(state, jnp.int32(step))
+        state, metrics = step_fn(state, np.int32(step))
         pending.append(metrics)
         stopping = stop.signal or step + 1 == t_cfg.stop_after
         if len(pending) == t_cfg.log_every or step == t_cfg.num_steps - 1 or stopping:

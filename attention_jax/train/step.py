@@ -1,7 +1,7 @@
 """The pure, compiled train step: `train_step(state, batch) -> (state, metrics)`.
 
 The model and its optimizer travel as one NNX state pytree; `graphdef` (their
-static structure) is closed over. `compiled_step` fuses batch generation from
+static structure) is closed over. `step_function` fuses batch generation from
 `(seed, step)` into the same jitted function, with the state donated, so one
 call is one XLA program and no data crosses from the host.
 """
@@ -65,28 +65,37 @@ def train_step(graphdef: nnx.GraphDef, state: nnx.State,
   return nnx.state((model, optimizer)), metrics
 
 
-@functools.partial(
-    jax.jit, donate_argnames='state',
-    static_argnames=('graphdef', 'task', 'batch_size', 'min_length', 'max_length',
-                     'vocab_size', 'layout', 'data_sharding', 'max_position'))
-def compiled_step(state: nnx.State, step: jax.Array, seed: jax.Array, *,
-                  graphdef: nnx.GraphDef, task: tasks.Task, batch_size: int,
+@functools.lru_cache(maxsize=64)
+def step_function(*, graphdef: nnx.GraphDef, task: tasks.Task, batch_size: int,
                   min_length: int, max_length: int, vocab_size: int, layout: str,
                   data_sharding: Optional[jax.sharding.Sharding] = None,
-                  max_position: int = 0) -> tuple[nnx.State, dict[str, jax.Array]]:
-  """Batch `step` of `seed` generated on device, then `train_step`; one XLA
-  program, the state donated.
+                  max_position: int = 0):
+  """`(state, step, seed) -> (state, metrics)`: batch `step` of `seed`
+  generated on device, then `train_step`; one XLA program, the state donated.
 
-  `seed` is traced, so every seed of a sweep shares one compilation (jit's
-  cache is keyed on the static arguments, equal for equal architectures).
-  With `data_sharding`, the batch is laid out along it (data parallelism:
-  XLA partitions the step and all-reduces the gradients). `max_position` > 0
-  trains on randomized positions (see `tasks.train_batch`).
+  Memoised on the static arguments (equal for runs of one architecture and
+  data setup): the runs of a sweep share one jitted function and so one
+  compilation, and each call passes only arrays — nothing static to hash per
+  step, which matters when a step takes a few milliseconds. `seed` and `step`
+  are traced. With `data_sharding`, the batch is laid out along it (data
+  parallelism: XLA partitions the step and all-reduces the gradients).
+  `max_position` > 0 trains on randomized positions (`tasks.train_batch`).
   """
-  batch = tasks.train_batch(task, seed, step, batch_size=batch_size,
-                            min_length=min_length, max_length=max_length,
-                            vocab_size=vocab_size, layout=layout,
-                            max_position=max_position)
-  if data_sharding is not None:
-    batch = jax.lax.with_sharding_constraint(batch, data_sharding)
-  return train_step(graphdef, state, batch)
+
+  def step_fn(state, step, seed):
+    batch = tasks.train_batch(task, seed, step, batch_size=batch_size,
+                              min_length=min_length, max_length=max_length,
+                              vocab_size=vocab_size, layout=layout,
+                              max_position=max_position)
+    if data_sharding is not None:
+      batch = jax.lax.with_sharding_constraint(batch, data_sharding)
+    return train_step(graphdef, state, batch)
+
+  return jax.jit(step_fn, donate_argnums=0)
+
+
+def compiled_step(state: nnx.State, step: jax.Array, seed: jax.Array, **static
+                  ) -> tuple[nnx.State, dict[str, jax.Array]]:
+  """One call of `step_function(**static)`: convenient, but it hashes the
+  static arguments on every call; loops should fetch the function once."""
+  return step_function(**static)(state, step, seed)
