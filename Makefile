@@ -32,5 +32,6 @@ clean:
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -r requirements-bench.txt
 	$(BIN)/python -m benchmarks.attention
+	$(BIN)/python -m benchmarks.train_step
 	$(BIN)/python -m benchmarks.attention_memory --lengths=1024,4096
 	$(BIN)/python -m benchmarks.attention_memory --lengths=16384 --impls=chunked --repeats=1 --out=benchmarks/results/long

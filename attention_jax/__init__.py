@@ -15,6 +15,8 @@ from attention_jax.attention import dot_product_attention
 from attention_jax.attention import dot_scores
 from attention_jax.attention import multi_head_attention
 from attention_jax.attention import padding_mask
+from attention_jax.attention import scaled_dot_product_attention
+from attention_jax.attention import sliding_window_mask
 from attention_jax.nn import AdditiveAttention
 from attention_jax.nn import MultiHeadAttention
 from attention_jax.nn import Seq2Seq

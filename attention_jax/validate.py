@@ -38,7 +38,11 @@ def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -
   _check_positive(t, ('vocab_size', 'train_min_length', 'train_max_length'), 'task')
   _check_positive(m, ('d_model', 'num_heads', 'num_layers', 'mlp_dim', 'rnn_hidden_dim'),
                   'model')
-  _check_positive(tr, ('batch_size', 'num_steps', 'log_every'), 'train')
+  _check_positive(tr, ('batch_size', 'num_steps', 'log_every', 'steps_per_call'), 'train')
+  for name in ('num_steps', 'log_every', 'checkpoint_every', 'stop_after'):
+    _require(tr[name] % tr.steps_per_call == 0,
+             f'train.{name}={tr[name]} is not a multiple of train.steps_per_call='
+             f'{tr.steps_per_call} (steps run {tr.steps_per_call} per compiled call).')
   _check_positive(ev, ('max_length', 'num_samples', 'batch_size'), 'eval')
   _require(t.train_min_length <= t.train_max_length,
            f'task.train_min_length={t.train_min_length} > task.train_max_length='

@@ -1,7 +1,7 @@
 r"""The study's train step: ours vs the same model in PyTorch eager, side by side.
 
   pip install -r requirements-bench.txt
-  python -m benchmarks.train_step [--steps=300] [--repeats=5] [--out=benchmarks/results]
+  python -m benchmarks.train_step [--steps=1000] [--repeats=5] [--out=benchmarks/results]
 
 The model and batch are configs/copy.py's default (RoPE, d_model 64, 4 heads,
 2 layers, MLP 256, batch 32 sequences of 18 tokens). PyTorch's twin has the
@@ -10,9 +10,10 @@ our initial weights and AdamW + clipping; both losses on one batch are checked
 equal before timing. Rows, each timed over --steps steps, interleaved A B C D …
 --repeats times after a warm-up:
 
-  ours-train-loop   `attention_jax.train.train` itself (data made on device,
+  ours-train-loop   `attention_jax.train.train` itself (10 steps per compiled call,
+                    data made on device,
                     metrics fetched every log_every steps, progress bar off)
-  ours-dispatch     the compiled step (`step_function`) from a bare Python loop
+  ours-1-step-calls the compiled step with one step per call, from a bare loop
   ours-fused        --steps steps in ONE compiled program (lax.fori_loop): no
                     Python at all between steps, the floor for our step
   pytorch-eager     forward, backward, clip, AdamW step per step (the batch
@@ -42,7 +43,7 @@ from attention_jax.train.step import train_step
 from benchmarks.report import write_report
 from configs import copy as copy_config
 
-_STEPS = flags.DEFINE_integer('steps', 300, 'Steps per timed call.')
+_STEPS = flags.DEFINE_integer('steps', 1000, 'Steps per timed call.')
 _REPEATS = flags.DEFINE_integer('repeats', 5, 'Timed calls per row.')
 _OUT = flags.DEFINE_string('out', 'benchmarks/results', 'Output folder.')
 
@@ -175,7 +176,7 @@ def main(argv):
   def run_fused():
     fused_state[0] = jax.block_until_ready(fused(fused_state[0]))
 
-  rows_fns = {'ours-train-loop': train_loop, 'ours-dispatch': dispatch,
+  rows_fns = {'ours-train-loop': train_loop, 'ours-1-step-calls': dispatch,
               'ours-fused': run_fused, 'pytorch-eager': pytorch_eager}
   for fn in rows_fns.values():  # warm-up: compile, allocate
     fn()

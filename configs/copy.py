@@ -96,6 +96,7 @@ def get_config(arg=None):
   c.train.adam_b1 = 0.9  # AdamW β1
   c.train.adam_b2 = 0.98  # AdamW β2
   c.train.grad_clip_norm = 1.0  # global-norm gradient clipping
+  c.train.steps_per_call = 10  # steps fused into one compiled call (divides the intervals here)
   c.train.log_every = 100  # steps between host syncs (metrics.jsonl has every step)
   c.train.checkpoint_every = 500  # steps between checkpoints (also saved at the end and on SIGTERM)
   c.train.checkpoint_keep = 2  # newest checkpoints kept per run
@@ -129,7 +130,8 @@ def get_config(arg=None):
   elif preset['size'] == 'tiny':
     c.model.update(d_model=16, num_heads=2, num_layers=1, mlp_dim=32)
     c.task.train_max_length = 4
-    c.train.update(batch_size=8, num_steps=5, warmup_steps=1, log_every=5, tensorboard=False)
+    c.train.update(batch_size=8, num_steps=5, warmup_steps=1, log_every=5, tensorboard=False,
+                   steps_per_call=1)
     c.eval.update(max_length=8, num_samples=4, batch_size=4, rope_scalings=())
     c.study.seeds = (0,)
     c.progress = False

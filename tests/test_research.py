@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _config(**train_overrides):
   c = copy_config.get_config('size=tiny,pe=alibi')
-  c.train.update(num_steps=12, checkpoint_every=4, log_every=3, **train_overrides)
+  c.train.update(**dict(dict(num_steps=12, checkpoint_every=4, log_every=3), **train_overrides))
   return c
 
 
@@ -62,6 +62,25 @@ class ResumeTest(absltest.TestCase):
     self.assertEqual(last, {})
     chex.assert_trees_all_equal(_params(straight), _params(again))
     self.assertEqual(_metric_lines(straight_dir), _metric_lines(resumed_dir))
+
+  def test_several_steps_per_call(self):
+    """Steps fused into one compiled call: every step still logged, resume
+    still bitwise, and the same training as one step per call."""
+    kw = dict(steps_per_call=2, log_every=4)
+    straight_dir, resumed_dir = tempfile.mkdtemp(), tempfile.mkdtemp()
+    straight, _ = train.train(_config(**kw), straight_dir, progress=False)
+    with self.assertRaisesRegex(TrainingInterrupted, 'after step 6 of 12'):
+      train.train(_config(stop_after=6, **kw), resumed_dir, progress=False)
+    resumed, _ = train.train(_config(**kw), resumed_dir, progress=False)
+    chex.assert_trees_all_equal(_params(straight), _params(resumed))
+    self.assertEqual(_metric_lines(straight_dir), _metric_lines(resumed_dir))
+    self.assertEqual([r['step'] for r in _metric_lines(straight_dir)], list(range(12)))
+    one_per_call, _ = train.train(_config(log_every=4), None, progress=False)
+    chex.assert_trees_all_close(_params(straight), _params(one_per_call), atol=1e-6)
+    with self.assertRaisesRegex(ValueError, 'train.stop_after=5 is not a multiple of '
+                                'train.steps_per_call=2'):
+      from attention_jax.validate import validate_config  # pylint: disable=g-import-not-at-top
+      validate_config(_config(stop_after=5, **kw))
 
   def test_half_written_checkpoint_is_ignored(self):
     workdir = tempfile.mkdtemp()

@@ -123,8 +123,9 @@ def train(config: ml_collections.ConfigDict, workdir: Optional[str] = None,
       batch_size=t_cfg.batch_size, min_length=config.task.train_min_length,
       max_length=config.task.train_max_length, vocab_size=config.task.vocab_size,
       layout=model.batch_layout, data_sharding=NamedSharding(mesh, P('data')),
-      max_position=randomized_max_position(config))
+      max_position=randomized_max_position(config), steps_per_call=t_cfg.steps_per_call)
   step_fn = lambda state, step: jitted(state, step, seed)
+  k = t_cfg.steps_per_call  # steps per call; validated to divide every interval
   schedule = learning_rate_schedule(t_cfg)
 
   checkpointer = None
@@ -142,32 +143,35 @@ def train(config: ml_collections.ConfigDict, workdir: Optional[str] = None,
   pending, last, clock = [], {}, (time.perf_counter(), start)
   try:
     with stop_requests() as stop:
-      for step in range(start, t_cfg.num_steps):
-        state, metrics = step_fn(state, np.int32(step))
+      for step in range(start, t_cfg.num_steps, k):
+        state, metrics = step_fn(state, np.int32(step))  # metrics: [k] per key
         pending.append(metrics)
-        stopping = stop.signal or step + 1 == t_cfg.stop_after
-        if len(pending) == t_cfg.log_every or step == t_cfg.num_steps - 1 or stopping:
-          rate = (step + 1 - clock[1]) / (time.perf_counter() - clock[0])
-          for i, m in enumerate(jax.device_get(pending)):
-            s = step + 1 - len(pending) + i
-            last = {k: float(v) for k, v in m.items()}
+        done = step + k
+        stopping = stop.signal or done == t_cfg.stop_after
+        if len(pending) * k >= t_cfg.log_every or done == t_cfg.num_steps or stopping:
+          rate = (done - clock[1]) / (time.perf_counter() - clock[0])
+          rows = [{key: v[i] for key, v in m.items()}
+                  for m in jax.device_get(pending) for i in range(k)]
+          for i, m in enumerate(rows):
+            s = done - len(rows) + i
+            last = {key: float(v) for key, v in m.items()}
             last.update(step=s, learning_rate=float(schedule(s)), steps_per_second=rate)
             writer.write(last)
-          bar.update(len(pending))
+          bar.update(len(rows))
           bar.set_postfix(loss=f"{last['loss']:.3f}", acc=f"{last['token_accuracy']:.3f}",
                           steps_s=f'{rate:.0f}')
           pending = []
         if checkpointer:
-          checkpointer.maybe_save(step + 1, state)
+          checkpointer.maybe_save(done, state)
         if stopping:
           if checkpointer:
-            checkpointer.close(state, step + 1)
+            checkpointer.close(state, done)
             checkpointer = None
           cause = f'signal {stop.signal}' if stop.signal else 'train.stop_after'
           saved = (f'checkpoint saved in {workdir}; run the same command again to '
                    'resume.' if workdir else 'no workdir: nothing saved.')
           raise TrainingInterrupted(
-              f'stopped by {cause} after step {step + 1} of {t_cfg.num_steps}; {saved}',
+              f'stopped by {cause} after step {done} of {t_cfg.num_steps}; {saved}',
               stop.signal)
     if checkpointer:  # finished: the final state, saved once
       checkpointer.close(state, t_cfg.num_steps)

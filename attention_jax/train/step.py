@@ -69,9 +69,13 @@ def train_step(graphdef: nnx.GraphDef, state: nnx.State,
 def step_function(*, graphdef: nnx.GraphDef, task: tasks.Task, batch_size: int,
                   min_length: int, max_length: int, vocab_size: int, layout: str,
                   data_sharding: Optional[jax.sharding.Sharding] = None,
-                  max_position: int = 0):
-  """`(state, step, seed) -> (state, metrics)`: batch `step` of `seed`
-  generated on device, then `train_step`; one XLA program, the state donated.
+                  max_position: int = 0, steps_per_call: int = 1):
+  """`(state, step, seed) -> (state, metrics)`: steps `step … step +
+  steps_per_call - 1`, each generating its batch of `seed` on device and
+  applying `train_step`, in one XLA program (a `lax.scan`), the state donated.
+  Metrics come stacked, `[steps_per_call]` per key: one row per step.
+  Several steps per call amortise the per-call cost (Python, dispatch,
+  donation), a fifth of a step for the study's small model on CPU.
 
   Memoised on the static arguments (equal for runs of one architecture and
   data setup): the runs of a sweep share one jitted function and so one
@@ -82,7 +86,7 @@ def step_function(*, graphdef: nnx.GraphDef, task: tasks.Task, batch_size: int,
   `max_position` > 0 trains on randomized positions (`tasks.train_batch`).
   """
 
-  def step_fn(state, step, seed):
+  def one_step(state, step, seed):
     batch = tasks.train_batch(task, seed, step, batch_size=batch_size,
                               min_length=min_length, max_length=max_length,
                               vocab_size=vocab_size, layout=layout,
@@ -90,6 +94,10 @@ def step_function(*, graphdef: nnx.GraphDef, task: tasks.Task, batch_size: int,
     if data_sharding is not None:
       batch = jax.lax.with_sharding_constraint(batch, data_sharding)
     return train_step(graphdef, state, batch)
+
+  def step_fn(state, step, seed):
+    offsets = jnp.arange(steps_per_call, dtype=jnp.int32)
+    return jax.lax.scan(lambda s, i: one_step(s, step + i, seed), state, offsets)
 
   return jax.jit(step_fn, donate_argnums=0)
 
