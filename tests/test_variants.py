@@ -137,7 +137,7 @@ class CachedDecodingTest(chex.TestCase, parameterized.TestCase):
       pieces.append(logits)
     chex.assert_trees_all_close(jnp.concatenate(pieces, 1), want, atol=2e-5)
 
-  @parameterized.parameters('rope', 'alibi', 'learned')
+  @parameterized.parameters(*sorted(aj.ENCODINGS))
   def test_greedy_generation_equals_repeated_full_forward(self, encoding):
     model = _lm(encoding)
     prompt = jax.random.randint(jax.random.key(3), (2, 4), 0, 11)
