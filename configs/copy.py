@@ -13,7 +13,7 @@ the RoPE models again with three context extensions (rows rope+pi, rope+ntk,
 rope+yarn), and writes results.csv, summary.md and extrapolation.png to the
 workdir. Expected: every encoding near 100% token accuracy in the training
 range; past it, the curves separate (see the README for a real run, its
-numbers and its wall time, about 13 minutes).
+numbers and its wall time: 17 min 26 s on the 2-core CPU).
 
 One model: `python -m experiments.train --config=configs/copy.py:pe=rope
 --workdir=runs/one`. Presets by `:arg`, comma-separated `key=value`:
