@@ -17,7 +17,7 @@ def plot_extrapolation(rows: Sequence[dict], path: str, *, train_min: int,
   seeds' min–max shaded, the training range marked. A row of two panels
   (token accuracy, exact match) per task."""
   task_names = sorted({r['task'] for r in rows})
-  fig, axes = plt.subplots(len(task_names), 2, figsize=(12, 4.2 * len(task_names)),
+  fig, axes = plt.subplots(len(task_names), 2, figsize=(14, 4.2 * len(task_names)),
                            squeeze=False)
   for row_axes, task in zip(axes, task_names):
     task_rows = [r for r in rows if r['task'] == task]
@@ -48,7 +48,7 @@ def plot_extrapolation(rows: Sequence[dict], path: str, *, train_min: int,
       ax.set_ylim(-2, 102)
       ax.set_title(f'{task}: {title}')
       ax.grid(alpha=0.3)
-    row_axes[0].legend(loc='lower left', fontsize=8)
+    row_axes[1].legend(loc='upper left', bbox_to_anchor=(1.02, 1.0), fontsize=8)  # off the data
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
