@@ -3,7 +3,6 @@
 import chex
 import jax
 import jax.numpy as jnp
-import numpy as np
 from absl.testing import absltest
 from absl.testing import parameterized
 from flax import nnx
