@@ -40,6 +40,7 @@ def run_diagnostics(config: ml_collections.ConfigDict, workdir: str, *,
   train_max = config.task.train_max_length
   long = min(4 * train_max, config.eval.max_length)
   task = tasks.get_task(runs[0].task.name)
+  train_tokens = tasks.tokens_read(task, train_max)
   curves = {}
   for c in runs:
     label = run_label(c)
@@ -57,9 +58,9 @@ def run_diagnostics(config: ml_collections.ConfigDict, workdir: str, *,
     plot_attention_maps(panels, path, tokens)
     curves[label] = evaluate.entropy_by_position(model, batches[long])
     log(f'{label}: {path}; mean entropy past the training length '
-        f'{curves[label][tasks.sequence_length(task, train_max) - 1:].mean():.2f} nats')
+        f'{curves[label][train_tokens:].mean():.2f} nats')
   plot_entropy(curves, os.path.join(workdir, 'attention_entropy.png'),
-               train_tokens=tasks.sequence_length(task, train_max) - 1,
+               train_tokens=train_tokens,
                title=f'{task.name}: attention entropy at input length {long} '
                      f'(trained on 1–{train_max}), seed {seed}')
   return curves

@@ -11,6 +11,12 @@ import numpy as np
 METRICS = (('token_accuracy', 'token accuracy'), ('exact_match', 'exact match'))
 
 
+def _color(i: int):
+  """Line i's colour: tab20's strong shades first, then its light ones, so up
+  to 20 encodings stay distinguishable."""
+  return plt.get_cmap('tab20')(((2 * i) % 20 if i < 10 else (2 * i + 1) % 20) / 19)
+
+
 def plot_extrapolation(rows: Sequence[dict], path: str, *, train_min: int,
                        train_max: int) -> None:
   """Accuracy vs input length: one line per encoding (mean over seeds), the
@@ -22,7 +28,6 @@ def plot_extrapolation(rows: Sequence[dict], path: str, *, train_min: int,
   for row_axes, task in zip(axes, task_names):
     task_rows = [r for r in rows if r['task'] == task]
     encodings = list(dict.fromkeys(r['encoding'] for r in task_rows))
-    colors = plt.get_cmap('tab20')(np.linspace(0, 1, 20))
     for ax, (metric, title) in zip(row_axes, METRICS):
       for i, enc in enumerate(encodings):
         sel = [r for r in task_rows if r['encoding'] == enc]
@@ -35,7 +40,7 @@ def plot_extrapolation(rows: Sequence[dict], path: str, *, train_min: int,
         seeds = len({r['seed'] for r in sel})
         # Variants of an encoding (NAME:randomized, rope+pi) dashed.
         line, = ax.plot(lengths, 100 * mean, label=f'{enc} ({seeds} seeds)', lw=1.8,
-                        color=colors[(2 * i) % 20 if i < 10 else (2 * i + 1) % 20],
+                        color=_color(i),
                         ls='--' if (':' in enc or '+' in enc) else '-')
         ax.fill_between(lengths, 100 * lo, 100 * hi, color=line.get_color(), alpha=0.18)
       ax.axvspan(train_min, train_max, color="0.85", zorder=0,
@@ -129,10 +134,8 @@ def plot_entropy(curves: dict[str, np.ndarray], path: str, *, train_tokens: int,
   """Attention entropy vs query position, one line per encoding, with the
   uniform-attention curve log(i + 1) and the longest training sequence."""
   fig, ax = plt.subplots(figsize=(8, 4.6))
-  colors = plt.get_cmap('tab20')(np.linspace(0, 1, 20))
   for i, (label, entropy) in enumerate(curves.items()):
-    ax.plot(np.arange(len(entropy)), entropy, lw=1.6, label=label,
-            color=colors[(2 * i) % 20 if i < 10 else (2 * i + 1) % 20])
+    ax.plot(np.arange(len(entropy)), entropy, lw=1.6, label=label, color=_color(i))
   longest = max(len(e) for e in curves.values())
   ax.plot(np.arange(longest), np.log(np.arange(longest) + 1), 'k--', lw=1,
           label='uniform over keys 0…i')

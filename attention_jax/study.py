@@ -122,8 +122,8 @@ def evaluation_variants(config: ml_collections.ConfigDict) -> list[tuple[str, Op
   variants = [(run_label(config), None)]
   if (config.model.kind == 'transformer' and config.model.encoding == 'rope'
       and not config.pe.randomized):
-    train_tokens = tasks.sequence_length(
-        tasks.get_task(config.task.name), config.task.train_max_length) - 1
+    train_tokens = tasks.tokens_read(tasks.get_task(config.task.name),
+                                     config.task.train_max_length)
     factor = config.pe.rope_scale_factor or longest_sequence(config) / train_tokens
     for method in config.eval.rope_scalings:
       variants.append((f'rope+{method}', RopeScaling(method, factor, train_tokens)))

@@ -108,7 +108,7 @@ def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -
   # A learned table must hold the longest evaluation sequence.
   if m.max_length and 'learned' in encodings:
     for name in task_names:
-      needed = tasks.sequence_length(tasks.TASKS[name], ev.max_length) - 1
+      needed = tasks.tokens_read(tasks.TASKS[name], ev.max_length)
       _require(m.max_length >= needed,
                f"model.max_length={m.max_length} is too short for 'learned' at "
                f'eval.max_length={ev.max_length} on {name!r}: the model reads '

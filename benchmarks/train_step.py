@@ -90,9 +90,12 @@ class TorchLM(torch.nn.Module):
 
   def load(self, ours):
     t = lambda a: torch.from_numpy(np.ascontiguousarray(np.asarray(a)))
-    lin = lambda layer, kernel, bias=None: (
-        layer.weight.data.copy_(t(np.asarray(kernel).reshape(layer.in_features, -1).T)),
-        bias is not None and layer.bias.data.copy_(t(bias)))
+
+    def lin(layer, kernel, bias=None):  # ours [in, …out] -> torch [out, in]
+      layer.weight.data.copy_(t(np.asarray(kernel).reshape(layer.in_features, -1).T))
+      if bias is not None:
+        layer.bias.data.copy_(t(bias))
+
     self.embed.weight.data.copy_(t(ours.embed.embedding[...]))
     for blk, o in zip(self.blocks, ours.blocks):
       a = o.attention

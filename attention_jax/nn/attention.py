@@ -200,8 +200,12 @@ class MultiHeadAttention(nnx.Module):
     Returns:
       `(out [B, S, d_model], cache)` with the new keys, values and positions.
     """
+    check_cache_slots(start, x.shape[1], cache['key'].shape[1])
+    return self._extend(x, cache, start, positions=positions)
+
+  def _extend(self, x, cache, start, *, positions=None):
+    """`extend` without the slot check, for callers that guarantee the range."""
     (b, s_len, _), t_max = x.shape, cache['key'].shape[1]
-    _check_slots(start, s_len, t_max)
     slots = start + jnp.arange(s_len, dtype=jnp.int32)
     if positions is None:
       positions = slots
@@ -229,7 +233,7 @@ def _raise_if_past_cache(start, s_len, t_max) -> None:
                      'make it longer with init_cache(max_length=...).')
 
 
-def _check_slots(start, s_len: int, t_max: int) -> None:
+def check_cache_slots(start, s_len: int, t_max: int) -> None:
   """Past-the-end writes are an error (dynamic_update_slice would silently
   shift them): at trace time for a Python int, at run time when traced."""
   if isinstance(start, (int, np.integer)):

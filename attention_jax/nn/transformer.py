@@ -18,6 +18,7 @@ import numpy as np
 from flax import nnx
 
 from attention_jax.nn.attention import MultiHeadAttention
+from attention_jax.nn.attention import check_cache_slots
 from attention_jax.positional import PositionalEncoding
 from attention_jax.positional import make_encoding
 
@@ -41,9 +42,10 @@ class Block(nnx.Module):
     return self._mlp(x + h), weights
 
   def extend(self, x, cache, start, positions):
-    """Cached decoding (see `MultiHeadAttention.extend`) -> (x, cache)."""
-    h, cache = self.attention.extend(self.attention_norm(x), cache, start,
-                                     positions=positions)
+    """Cached decoding (see `MultiHeadAttention.extend`; slots checked by
+    the caller) -> (x, cache)."""
+    h, cache = self.attention._extend(self.attention_norm(x), cache, start,  # pylint: disable=protected-access
+                                      positions=positions)
     return self._mlp(x + h), cache
 
   def _mlp(self, x):
@@ -116,6 +118,11 @@ class TransformerLM(nnx.Module):
     """Cached decoding: tokens int `[B, S]` at slots `start … start+S-1`
     (positions default to the slots) -> (logits float32 `[B, S, V]`, cache).
     Logits equal those of the full causal pass at the same positions."""
+    check_cache_slots(start, tokens.shape[1], cache[0]['key'].shape[1])  # once, not per layer
+    return self._extend(tokens, cache, start, positions=positions)
+
+  def _extend(self, tokens, cache, start, *, positions=None):
+    """`extend` without the slot check, for callers that guarantee the range."""
     s_len = tokens.shape[1]
     if positions is None:
       positions = start + jnp.arange(s_len, dtype=jnp.int32)
@@ -163,8 +170,10 @@ def greedy_predictions(model: TransformerLM, inputs: jax.Array,
     cache, previous = carry
     token = jnp.where(i < prompt_lengths, inputs[:, i], previous)
     pos = None if positions is None else jax.lax.dynamic_slice_in_dim(positions, i, 1, 1)
-    logits, cache = nnx.merge(graphdef, state).extend(token[:, None], cache, i,
-                                                      positions=pos)
+    # Slot i of a cache of t slots, i < t: in range by construction, so no
+    # run-time check (a host callback per step and layer) in this loop.
+    logits, cache = nnx.merge(graphdef, state)._extend(  # pylint: disable=protected-access
+        token[:, None], cache, i, positions=pos)
     prediction = jnp.argmax(logits[:, 0], -1).astype(jnp.int32)
     return (cache, prediction), prediction
 

@@ -9,5 +9,6 @@ from attention_jax.tasks.copy import make_batch
 from attention_jax.tasks.copy import make_seq2seq_batch
 from attention_jax.tasks.copy import sample_lengths
 from attention_jax.tasks.copy import sequence_length
+from attention_jax.tasks.copy import tokens_read
 from attention_jax.tasks.copy import train_batch
 from attention_jax.tasks.copy import with_random_positions

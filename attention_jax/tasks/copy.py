@@ -68,6 +68,12 @@ def sequence_length(task: Task, max_input_length: int) -> int:
   return max_input_length * (1 + task.output_factor) + 3
 
 
+def tokens_read(task: Task, max_input_length: int) -> int:
+  """Tokens a decoder-only model reads for the longest input (`inputs`'
+  length): the sequence minus its last token."""
+  return sequence_length(task, max_input_length) - 1
+
+
 def _sample_inputs(key: jax.Array, batch_size: int, max_input_length: int,
                    vocab_size: int) -> jax.Array:
   """Random symbols x `[B, max_input_length]`: the one draw both layouts share,

@@ -35,7 +35,7 @@ MODEL_KINDS = ('transformer', 'seq2seq', 'seq2seq_attention')
 
 def longest_sequence(config: ml_collections.ConfigDict) -> int:
   """Tokens the model reads at the longest evaluated input."""
-  return tasks.sequence_length(tasks.get_task(config.task.name), config.eval.max_length) - 1
+  return tasks.tokens_read(tasks.get_task(config.task.name), config.eval.max_length)
 
 
 def randomized_max_position(config: ml_collections.ConfigDict) -> int:
