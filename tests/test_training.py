@@ -133,6 +133,13 @@ class ConfigValidationTest(parameterized.TestCase):
       ('batch', {'train.batch_size': 0}, r'train.batch_size=0 must be an integer >= 1'),
       ('odd_rope', {'model.d_model': 6, 'model.num_heads': 2}, r"'rope' needs an even head_dim"),
       ('kind', {'model.kind': 'lstm'}, r"model.kind has 'lstm'; allowed"),
+      ('kv_heads', {'model.num_kv_heads': 3},
+       r'model.num_kv_heads=3 must divide model.num_heads=2'),
+      ('window', {'model.sliding_window': -1}, r'model.sliding_window=-1 must be >= 0'),
+      ('rope_scaling', {'eval.rope_scalings': ('linear',)},
+       r"eval.rope_scalings has 'linear'; allowed: \['ntk', 'pi', 'yarn'\]"),
+      ('randomized_eval', {'pe.randomized_eval': 'shuffled'},
+       r"pe.randomized_eval has 'shuffled'; allowed"),
       ('score', {'model.attention_score': 'cosine'}, r"model.attention_score has 'cosine'"),
   )
   def test_bad_config_is_one_clear_error(self, overrides, message):
