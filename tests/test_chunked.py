@@ -47,6 +47,19 @@ class ChunkedAttentionTest(chex.TestCase, parameterized.TestCase):
     chex.assert_trees_all_close(grads, jax.grad(loss(dense), argnums=(0, 1, 2))(q, k, v),
                                 atol=1e-5)
 
+  @parameterized.parameters(1, 4, 6)  # row groups of 1, gcd(6, 4) = 2 and all 6 rows
+  def test_any_heads_per_step_gives_the_same_result(self, heads_per_step):
+    q, k, v = _qkv()
+    lengths, slopes = jnp.array([T, 20]), aj.positional.alibi_slopes(H)
+    f = lambda *a: jnp.sum(jnp.sin(chunked_attention(
+        *a, causal=True, kv_lengths=lengths, alibi_slopes=slopes, q_chunk=8, k_chunk=16,
+        heads_per_step=heads_per_step)))
+    dense = lambda *a: jnp.sum(jnp.sin(
+        _dense(*a, causal=True, lengths=lengths, alibi=True)))
+    chex.assert_trees_all_close(jax.value_and_grad(f, argnums=(0, 1, 2))(q, k, v),
+                                jax.value_and_grad(dense, argnums=(0, 1, 2))(q, k, v),
+                                atol=1e-5)
+
   def test_fully_masked_rows_are_zero_with_finite_gradients(self):
     q, k, v = _qkv()
     lengths = jnp.array([0, 5])  # example 0 has no key at all
@@ -89,10 +102,8 @@ class ChunkedAttentionTest(chex.TestCase, parameterized.TestCase):
       chunked_attention(q, k, v, alibi_slopes=jnp.ones(2))
     with self.assertRaisesRegex(ValueError, 'chunk sizes must be >= 1'):
       chunked_attention(q, k, v, q_chunk=0)
-
-
-if __name__ == '__main__':
-  absltest.main()
+    with self.assertRaisesRegex(ValueError, 'heads_per_step must be >= 1, got 0'):
+      chunked_attention(q, k, v, heads_per_step=0)
 
 
 class ModuleImplementationTest(parameterized.TestCase):
@@ -137,3 +148,7 @@ class ModuleImplementationTest(parameterized.TestCase):
     mha = aj.MultiHeadAttention(16, 2, implementation='auto', rngs=nnx.Rngs(0))
     _, weights = mha(jnp.ones((1, 8, 16)), causal=True)
     chex.assert_shape(weights, (1, 2, 8, 8))
+
+
+if __name__ == '__main__':
+  absltest.main()
