@@ -17,11 +17,11 @@ CALL = dict(dtype=jnp.bfloat16, head_dim=64, return_weights=False, dense_mask=Fa
 
 class SelectTest(parameterized.TestCase):
 
-  @parameterized.parameters(16, 1024, 65536)
+  @parameterized.parameters(16, 255, 256, 65536)
   def test_auto_on_cpu_never_picks_cudnn(self, t_k):
     for dtype in (jnp.float32, jnp.bfloat16):
       got = select_implementation('auto', t_k=t_k, backend='cpu', **dict(CALL, dtype=dtype))
-      self.assertEqual(got, 'chunked' if t_k >= 1024 else 'dense')
+      self.assertEqual(got, 'chunked' if t_k >= 256 else 'dense')
 
   def test_auto_on_gpu_picks_cudnn_when_it_can(self):
     self.assertEqual(select_implementation('auto', t_k=64, backend='gpu', **CALL), 'cudnn')

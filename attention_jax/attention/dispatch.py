@@ -28,9 +28,10 @@ from attention_jax.attention.masks import combine_masks
 from attention_jax.attention.masks import sliding_window_mask
 
 IMPLEMENTATIONS = ('dense', 'chunked', 'cudnn', 'auto')
-# Chunked vs dense, causal layer fwd+bwd on the 2-core CPU: dense ahead at
-# T = 128, even at 512, chunked ahead from 1024 (1.25× faster) on.
-AUTO_CHUNKED_MIN_KEYS = 1024
+# Chunked vs dense, causal layer fwd+bwd on the 2-core CPU (2026-11-30,
+# benchmarks/attention.py, median of 9): dense 1.17× faster at T = 128,
+# chunked 1.11× faster at 256, 1.12× at 384, 1.16× at 512, 1.45× at 1024.
+AUTO_CHUNKED_MIN_KEYS = 256
 
 
 def select_implementation(requested: str, *, t_k: int, dtype, head_dim: int,
