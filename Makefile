@@ -32,6 +32,7 @@ clean:
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -r requirements-bench.txt
 	$(BIN)/python -m benchmarks.attention
+	$(BIN)/python -m benchmarks.block_matmul
 	$(BIN)/python -m benchmarks.train_step
 	$(BIN)/python -m benchmarks.attention_memory --lengths=1024,4096
 	$(BIN)/python -m benchmarks.attention_memory --lengths=16384 --impls=chunked --repeats=1 --out=benchmarks/results/long
