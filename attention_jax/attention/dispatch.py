@@ -29,7 +29,8 @@ from attention_jax.attention.masks import sliding_window_mask
 
 IMPLEMENTATIONS = ('dense', 'chunked', 'cudnn', 'auto')
 # Chunked vs dense, causal layer fwd+bwd on the 2-core CPU (2026-11-30,
-# benchmarks/attention.py, median of 9): dense 1.17× faster at T = 128,
+# benchmarks/results/attention.md and auto_threshold/, from
+# benchmarks/attention.py): dense 1.17× faster at T = 128,
 # chunked 1.11× faster at 256, 1.12× at 384, 1.16× at 512, 1.45× at 1024.
 AUTO_CHUNKED_MIN_KEYS = 256
 
