@@ -8,9 +8,11 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 import attention_jax as aj
+from attention_jax.attention.chunked import choose_strategy
 from attention_jax.attention.chunked import chunked_attention
 
 B, T, H, D = 2, 37, 3, 8  # T not a multiple of the chunks: padding paths run
+BOTH = ('scan', 'unrolled')  # the strategies ('auto' picks one of them)
 
 
 def _qkv(dtype=jnp.float32, t_q=T):
@@ -32,14 +34,14 @@ class ChunkedAttentionTest(chex.TestCase, parameterized.TestCase):
 
   @chex.variants(with_jit=True, without_jit=True)
   @parameterized.product(causal=(False, True), alibi=(False, True),
-                         chunks=((8, 16), (64, 64)))
-  def test_equals_dense_in_outputs_and_gradients(self, causal, alibi, chunks):
+                         chunks=((8, 16), (64, 64)), strategy=BOTH)
+  def test_equals_dense_in_outputs_and_gradients(self, causal, alibi, chunks, strategy):
     q, k, v = _qkv()
     lengths = jnp.array([T, 20])
     slopes = aj.positional.alibi_slopes(H) if alibi else None
     chunked = lambda q, k, v: chunked_attention(
         q, k, v, causal=causal, kv_lengths=lengths, alibi_slopes=slopes,
-        q_chunk=chunks[0], k_chunk=chunks[1])
+        strategy=strategy, q_chunk=chunks[0], k_chunk=chunks[1])
     dense = lambda q, k, v: _dense(q, k, v, causal=causal, lengths=lengths, alibi=alibi)
     chex.assert_trees_all_close(self.variant(chunked)(q, k, v), dense(q, k, v), atol=1e-5)
     loss = lambda f: lambda *a: jnp.sum(jnp.sin(f(*a)))
@@ -47,32 +49,36 @@ class ChunkedAttentionTest(chex.TestCase, parameterized.TestCase):
     chex.assert_trees_all_close(grads, jax.grad(loss(dense), argnums=(0, 1, 2))(q, k, v),
                                 atol=1e-5)
 
-  @parameterized.parameters(1, 4, 6)  # row groups of 1, gcd(6, 4) = 2 and all 6 rows
-  def test_any_heads_per_step_gives_the_same_result(self, heads_per_step):
+  # Row groups of 1, gcd(6, 4) = 2 and all 6 rows.
+  @parameterized.product(heads_per_step=(1, 4, 6), strategy=BOTH)
+  def test_any_heads_per_step_gives_the_same_result(self, heads_per_step, strategy):
     q, k, v = _qkv()
     lengths, slopes = jnp.array([T, 20]), aj.positional.alibi_slopes(H)
     f = lambda *a: jnp.sum(jnp.sin(chunked_attention(
         *a, causal=True, kv_lengths=lengths, alibi_slopes=slopes, q_chunk=8, k_chunk=16,
-        heads_per_step=heads_per_step)))
+        heads_per_step=heads_per_step, strategy=strategy)))
     dense = lambda *a: jnp.sum(jnp.sin(
         _dense(*a, causal=True, lengths=lengths, alibi=True)))
     chex.assert_trees_all_close(jax.value_and_grad(f, argnums=(0, 1, 2))(q, k, v),
                                 jax.value_and_grad(dense, argnums=(0, 1, 2))(q, k, v),
                                 atol=1e-5)
 
-  def test_fully_masked_rows_are_zero_with_finite_gradients(self):
+  @parameterized.parameters(*BOTH)
+  def test_fully_masked_rows_are_zero_with_finite_gradients(self, strategy):
     q, k, v = _qkv()
     lengths = jnp.array([0, 5])  # example 0 has no key at all
-    f = lambda q, k, v: chunked_attention(q, k, v, kv_lengths=lengths, q_chunk=8, k_chunk=8)
+    f = lambda q, k, v: chunked_attention(q, k, v, kv_lengths=lengths, q_chunk=8, k_chunk=8,
+                                          strategy=strategy)
     out = f(q, k, v)
     np.testing.assert_array_equal(out[0], 0.0)
     grads = jax.grad(lambda *a: jnp.sum(f(*a) ** 2), argnums=(0, 1, 2))(q, k, v)
     chex.assert_tree_all_finite(grads)
     np.testing.assert_array_equal(grads[0][0], 0.0)
 
-  def test_bfloat16(self):
+  @parameterized.parameters(*BOTH)
+  def test_bfloat16(self, strategy):
     q, k, v = _qkv(jnp.bfloat16)
-    out = chunked_attention(q, k, v, causal=True, q_chunk=8, k_chunk=8)
+    out = chunked_attention(q, k, v, causal=True, q_chunk=8, k_chunk=8, strategy=strategy)
     self.assertEqual(out.dtype, jnp.bfloat16)
     want = _dense(*(a.astype(jnp.float32) for a in (q, k, v)), causal=True,
                   lengths=jnp.array([T, T]), alibi=False)
@@ -86,13 +92,20 @@ class ChunkedAttentionTest(chex.TestCase, parameterized.TestCase):
     want = _dense(q, k, v, causal=True, lengths=jnp.array([T, T]), alibi=False)
     chex.assert_trees_all_close(out, want, atol=1e-5)
 
-  def test_causal_skips_blocks_above_the_diagonal(self):
+  @parameterized.parameters(*BOTH)
+  def test_causal_skips_blocks_above_the_diagonal(self, strategy):
     # A NaN in a key block that no query may see must not reach the output:
     # the block is never read, not merely masked.
     q, k, v = _qkv()
     v = v.at[:, 32:].set(jnp.nan)
-    out = chunked_attention(q[:, :16], k, v, causal=True, q_chunk=16, k_chunk=16)
+    out = chunked_attention(q[:, :16], k, v, causal=True, q_chunk=16, k_chunk=16,
+                            strategy=strategy)
     chex.assert_tree_all_finite(out)
+
+  def test_auto_unrolls_up_to_its_limit(self):
+    self.assertEqual(choose_strategy('auto', 2048, 2048), 'unrolled')
+    self.assertEqual(choose_strategy('auto', 1, 2049), 'scan')
+    self.assertEqual(choose_strategy('scan', 8, 8), 'scan')
 
   def test_bad_input(self):
     q, k, v = _qkv()
@@ -104,6 +117,8 @@ class ChunkedAttentionTest(chex.TestCase, parameterized.TestCase):
       chunked_attention(q, k, v, q_chunk=0)
     with self.assertRaisesRegex(ValueError, 'heads_per_step must be >= 1, got 0'):
       chunked_attention(q, k, v, heads_per_step=0)
+    with self.assertRaisesRegex(ValueError, r"strategy='flash'; choose one of"):
+      chunked_attention(q, k, v, strategy='flash')
 
 
 class ModuleImplementationTest(parameterized.TestCase):

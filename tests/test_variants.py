@@ -41,8 +41,8 @@ class GroupedQueryTest(chex.TestCase, parameterized.TestCase):
         np.testing.assert_allclose(out[b, :, h], want_out, atol=1e-5)
         np.testing.assert_allclose(weights[b, h], want_w, atol=1e-6)
 
-  @parameterized.product(h_kv=(1, 2), window=(None, 5))
-  def test_chunked_equals_dense_in_outputs_and_gradients(self, h_kv, window):
+  @parameterized.product(h_kv=(1, 2), window=(None, 5), strategy=('scan', 'unrolled'))
+  def test_chunked_equals_dense_in_outputs_and_gradients(self, h_kv, window, strategy):
     q, k, v = _qkv(h_kv)
     lengths = jnp.array([T, 20])
 
@@ -54,7 +54,8 @@ class GroupedQueryTest(chex.TestCase, parameterized.TestCase):
       return aj.multi_head_attention(q, k, v, mask=mask)[0]
 
     chunked = lambda q, k, v: aj.chunked_attention(
-        q, k, v, causal=True, kv_lengths=lengths, window=window, q_chunk=8, k_chunk=8)
+        q, k, v, causal=True, kv_lengths=lengths, window=window, q_chunk=8, k_chunk=8,
+        strategy=strategy)
     chex.assert_trees_all_close(chunked(q, k, v), dense(q, k, v), atol=1e-5)
     loss = lambda f: lambda *a: jnp.sum(jnp.sin(f(*a)))
     chex.assert_trees_all_close(jax.grad(loss(chunked), (0, 1, 2))(q, k, v),
@@ -88,15 +89,16 @@ class SlidingWindowTest(chex.TestCase, parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, 'window must be an integer >= 1, got 0'):
       aj.attention.sliding_window_mask(6, 6, 0)
 
-  def test_chunked_never_reads_blocks_outside_the_window(self):
+  @parameterized.parameters('scan', 'unrolled')
+  def test_chunked_never_reads_blocks_outside_the_window(self, strategy):
     q, k, v = _qkv(H)
     # Keys 0…15 are outside every window of queries 24…36 (window 8): NaNs there
     # would leak into the output if those blocks were read.
     k_nan = k.at[:, :16].set(jnp.nan)
     v_nan = v.at[:, :16].set(jnp.nan)
-    out = aj.chunked_attention(q, k_nan, v_nan, causal=True, window=8, q_chunk=8, k_chunk=8)
-    want = aj.chunked_attention(q, k, v, causal=True, window=8, q_chunk=8, k_chunk=8)
-    chex.assert_trees_all_close(out[:, 24:], want[:, 24:], atol=1e-6)
+    f = lambda k, v: aj.chunked_attention(q, k, v, causal=True, window=8, q_chunk=8,
+                                          k_chunk=8, strategy=strategy)
+    chex.assert_trees_all_close(f(k_nan, v_nan)[:, 24:], f(k, v)[:, 24:], atol=1e-6)
 
   def test_module_window_matches_a_dense_mask(self):
     mha = aj.MultiHeadAttention(16, 2, sliding_window=3, rngs=nnx.Rngs(0))

@@ -76,7 +76,7 @@ def scaled_dot_product_attention(
     mask: Optional[jnp.ndarray] = None, bias: Optional[jnp.ndarray] = None,
     causal: bool = False, kv_lengths: Optional[jnp.ndarray] = None,
     alibi_slopes=None, window: Optional[int] = None, implementation: str = 'auto',
-    return_weights: bool = False, chunk_size: int = 512,
+    return_weights: bool = False, chunk_size: Optional[int] = None,
 ) -> tuple[jnp.ndarray, Optional[jnp.ndarray]]:
   """Multi-head attention on any implementation (see the module docstring).
 
@@ -90,7 +90,8 @@ def scaled_dot_product_attention(
     window: query i attends to keys with |i - j| < window.
     implementation: 'dense' | 'chunked' | 'cudnn' | 'auto'.
     return_weights: also return float32 `[B, H, T_q, T_k]` (dense only).
-    chunk_size: block size of the chunked path.
+    chunk_size: query and key block size of the chunked path (default:
+      `chunked_attention`'s, per strategy).
 
   Returns:
     `(out [B, T_q, H, D_v], weights or None)`.
@@ -105,7 +106,8 @@ def scaled_dot_product_attention(
   if impl == 'chunked':
     out = chunked_attention(q, k, v, causal=causal, kv_lengths=kv_lengths,
                             alibi_slopes=alibi_slopes, window=window,
-                            q_chunk=chunk_size, k_chunk=chunk_size)
+                            **({} if chunk_size is None
+                               else dict(q_chunk=chunk_size, k_chunk=chunk_size)))
     return out, None
   if alibi_slopes is not None:
     distance = (np.arange(t_q)[:, None] - np.arange(t_k)[None, :]).astype(np.float32)

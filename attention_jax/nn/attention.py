@@ -77,7 +77,8 @@ class MultiHeadAttention(nnx.Module):
       biases only linear ones like causal ALiBi; no weights), 'cudnn' (GPU,
       half precision) or 'auto' (the fastest that can serve the call; see
       `attention.dispatch`).
-    chunk_size: query and key block size of the chunked path.
+    chunk_size: query and key block size of the chunked path (default:
+      `chunked_attention`'s, per strategy).
     rngs: `nnx.Rngs` for the parameters.
   """
 
@@ -86,7 +87,7 @@ class MultiHeadAttention(nnx.Module):
                sliding_window: Optional[int] = None,
                max_length: Optional[int] = None, causal: bool = True,
                use_bias: bool = False, dtype=None, param_dtype=jnp.float32,
-               implementation: str = 'dense', chunk_size: int = 512,
+               implementation: str = 'dense', chunk_size: Optional[int] = None,
                rngs: nnx.Rngs):
     if num_heads < 1 or d_model % num_heads:
       raise ValueError(

@@ -1,0 +1,74 @@
+"""The math of one (query block, key block) pair, shared by both strategies of
+`chunked_attention` (`blockwise_scan.py`, `blockwise_unrolled.py`).
+
+All arrays hold G rows, one row per (example, head): q_blk `[G, qc, D]`,
+k_blk / v_blk `[G, kc, D]`, kv_len `[G]` (keys at or past it are padding),
+slopes `[G]` or None (ALiBi). Block starts are the blocks' first query and key
+indices, Python ints or traced scalars. Arithmetic in float32.
+"""
+
+import jax.numpy as jnp
+
+
+def block_scores(q_blk, k_blk, q_start, k_start, kv_len, slopes, *, scale, causal,
+                 t_k, window, keys_first=False):
+  """Scores and keep-mask of one block pair.
+
+  Returns scores float32 and keep bool, both `[G, qc, kc]`, or `[G, kc, qc]`
+  when `keys_first` (the backward's orientation, see `backward_block`). Keys
+  at `t_k` or past it (the blocks' own padding) are never kept.
+  """
+  qc, kc = q_blk.shape[1], k_blk.shape[1]
+  if keys_first:
+    s = jnp.einsum('gkd,gqd->gkq', k_blk, q_blk, preferred_element_type=jnp.float32)
+    q_idx = q_start + jnp.arange(qc)[None, None, :]
+    k_idx = k_start + jnp.arange(kc)[None, :, None]
+  else:
+    s = jnp.einsum('gqd,gkd->gqk', q_blk, k_blk, preferred_element_type=jnp.float32)
+    q_idx = q_start + jnp.arange(qc)[None, :, None]
+    k_idx = k_start + jnp.arange(kc)[None, None, :]
+  s = s * scale
+  if slopes is not None:
+    s = s - slopes[:, None, None] * (q_idx - k_idx).astype(jnp.float32)
+  keep = k_idx < jnp.minimum(kv_len, t_k)[:, None, None]
+  if causal:
+    keep = keep & (k_idx <= q_idx)
+  if window is not None:
+    keep = keep & (jnp.abs(q_idx - k_idx) < window)
+  return s, keep
+
+
+def normalise(m, l, acc):
+  """Output and row log-sum-exp from the row max `m`, normaliser `l` `[G, qc]`
+  and unnormalised output `acc` `[G, qc, Dv]`. A row with no key to attend
+  (l == 0) gets a zero output and lse = +inf, so that the backward's
+  exp(s - lse) is 0 there: zero gradients, no NaN."""
+  safe_l = jnp.where(l > 0, l, 1.0)
+  out = jnp.where((l > 0)[..., None], acc / safe_l[..., None], 0.0)
+  lse = jnp.where(l > 0, m + jnp.log(safe_l), jnp.inf)
+  return out, lse
+
+
+def backward_block(q_blk, do_blk, lse_blk, delta_blk, k_blk, v_blk, k_t_blk, q_start,
+                   k_start, kv_len, slopes, *, scale, causal, t_k, window):
+  """FlashAttention's gradient contributions of one block pair, recomputing
+  its probabilities from the row log-sum-exp.
+
+  Worked keys-first (Sᵀ, Pᵀ, dSᵀ are `[G, kc, qc]`) with dQ transposed, from a
+  transposed key block k_t_blk `[G, D, kc]`, so that no matmul contracts over
+  the middle axes of both operands: dV = Pᵀ dO and dK = dSᵀ Q written
+  queries-first do, and XLA:CPU runs that layout at about half speed.
+
+  Args: do_blk `[G, qc, Dv]` (float32); lse_blk and delta_blk (rowsum(dO ∘ O))
+    `[G, 1, qc]`; the rest as in `block_scores`.
+  Returns: dq_t `[G, D, qc]`, dk `[G, kc, D]`, dv `[G, kc, Dv]`, float32.
+  """
+  s_t, keep = block_scores(q_blk, k_blk, q_start, k_start, kv_len, slopes, scale=scale,
+                           causal=causal, t_k=t_k, window=window, keys_first=True)
+  p_t = jnp.where(keep, jnp.exp(s_t - lse_blk), 0.0)
+  dv = jnp.einsum('gkq,gqd->gkd', p_t, do_blk)
+  dp_t = jnp.einsum('gkd,gqd->gkq', v_blk, do_blk, preferred_element_type=jnp.float32)
+  ds_t = p_t * (dp_t - delta_blk) * scale
+  dq_t = jnp.einsum('gdk,gkq->gdq', k_t_blk, ds_t, preferred_element_type=jnp.float32)
+  dk = jnp.einsum('gkq,gqd->gkd', ds_t, q_blk, preferred_element_type=jnp.float32)
+  return dq_t, dk, dv

@@ -1,0 +1,106 @@
+"""`chunked_attention`'s 'scan' strategy: a loop over query blocks and, inside,
+over key blocks with an online softmax (FlashAttention). Any length, O(T ·
+chunk) memory, a program whose size does not grow with T.
+
+Each function works on G rows (one per example and head): q `[G, Tq', D]`
+padded to a multiple of q_chunk, k / v `[G, Tk', D]` padded to k_chunk,
+kv_len and slopes `[G]` (see `blocks.py`).
+"""
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+
+from attention_jax.attention.blocks import backward_block
+from attention_jax.attention.blocks import block_scores
+from attention_jax.attention.blocks import normalise
+from attention_jax.attention.dense import MASK_VALUE
+
+
+def _key_block_range(q_start, qc, kc, num_k_blocks, causal, window):
+  """[first, stop) key blocks a query block needs: those holding a key at or
+  below the causal diagonal and inside the window of some query of the block."""
+  last_key = q_start + qc - 1 if causal else num_k_blocks * kc - 1
+  first_key = 0
+  if window is not None:
+    first_key = jnp.maximum(0, q_start - window + 1)
+    last_key = jnp.minimum(last_key, q_start + qc - 1 + window - 1)
+  return first_key // kc, jnp.minimum(num_k_blocks, last_key // kc + 1)
+
+
+def forward_group(q, k, v, kv_len, slopes, *, causal, q_chunk, k_chunk, t_k, window):
+  """Returns out `[G, Tq', Dv]` float32 and the row log-sum-exp `[G, Tq']`."""
+  scale = 1.0 / math.sqrt(q.shape[-1])
+  num_k_blocks = k.shape[1] // k_chunk
+  g, dv = q.shape[0], v.shape[-1]
+  scores = functools.partial(block_scores, scale=scale, causal=causal, t_k=t_k,
+                             window=window)
+
+  def one_q_block(q_start):
+    q_blk = jax.lax.dynamic_slice_in_dim(q, q_start, q_chunk, axis=1)
+
+    def body(j, carry):
+      m, l, acc = carry
+      k_blk = jax.lax.dynamic_slice_in_dim(k, j * k_chunk, k_chunk, axis=1)
+      v_blk = jax.lax.dynamic_slice_in_dim(v, j * k_chunk, k_chunk, axis=1)
+      s, keep = scores(q_blk, k_blk, q_start, j * k_chunk, kv_len, slopes)
+      s = jnp.where(keep, s, MASK_VALUE)
+      m_new = jnp.maximum(m, s.max(-1))
+      p = jnp.where(keep, jnp.exp(s - m_new[..., None]), 0.0)
+      correction = jnp.exp(m - m_new)
+      l = l * correction + p.sum(-1)
+      acc = acc * correction[..., None] + jnp.einsum(
+          'gqk,gkd->gqd', p, v_blk, preferred_element_type=jnp.float32)
+      return m_new, l, acc
+
+    init = (jnp.full((g, q_chunk), MASK_VALUE, jnp.float32),
+            jnp.zeros((g, q_chunk), jnp.float32),
+            jnp.zeros((g, q_chunk, dv), jnp.float32))
+    first, stop = _key_block_range(q_start, q_chunk, k_chunk, num_k_blocks, causal,
+                                   window)
+    return normalise(*jax.lax.fori_loop(first, stop, body, init))
+
+  out, lse = jax.lax.map(one_q_block, jnp.arange(0, q.shape[1], q_chunk))
+  # [nq, G, qc, Dv], [nq, G, qc] -> [G, Tq', Dv], [G, Tq']
+  return (jnp.swapaxes(out, 0, 1).reshape(g, -1, dv),
+          jnp.swapaxes(lse, 0, 1).reshape(g, -1))
+
+
+def backward_group(q, k, v, kv_len, slopes, out, lse, dout, *, causal, q_chunk,
+                   k_chunk, t_k, window):
+  """dq, dk, dv (float32, shaped as q, k, v), recomputing each block."""
+  num_k_blocks = k.shape[1] // k_chunk
+  delta = jnp.einsum('gqd,gqd->gq', dout, out)  # rowsum(dO ∘ O), [G, Tq']
+  k_t = jnp.swapaxes(k, 1, 2)  # [G, D, Tk']
+  grads = functools.partial(backward_block, scale=1.0 / math.sqrt(q.shape[-1]),
+                            causal=causal, t_k=t_k, window=window)
+
+  def one_q_block(carry, q_start):
+    q_blk = jax.lax.dynamic_slice_in_dim(q, q_start, q_chunk, axis=1)
+    do_blk = jax.lax.dynamic_slice_in_dim(dout, q_start, q_chunk, axis=1)
+    lse_blk = jax.lax.dynamic_slice_in_dim(lse, q_start, q_chunk, axis=1)[:, None, :]
+    delta_blk = jax.lax.dynamic_slice_in_dim(delta, q_start, q_chunk, axis=1)[:, None, :]
+
+    def body(j, inner):
+      dq_t, dk, dv = inner
+      k_start = j * k_chunk
+      piece = lambda x, axis=1: jax.lax.dynamic_slice_in_dim(x, k_start, k_chunk, axis)
+      dq_t_blk, dk_blk, dv_blk = grads(q_blk, do_blk, lse_blk, delta_blk, piece(k),
+                                       piece(v), piece(k_t, 2), q_start, k_start,
+                                       kv_len, slopes)
+      add = lambda acc, blk: jax.lax.dynamic_update_slice_in_dim(
+          acc, piece(acc) + blk, k_start, axis=1)
+      return dq_t + dq_t_blk, add(dk, dk_blk), add(dv, dv_blk)
+
+    first, stop = _key_block_range(q_start, q_chunk, k_chunk, num_k_blocks, causal,
+                                   window)
+    dq_t = jnp.zeros((q.shape[0], q.shape[2], q_chunk), jnp.float32)
+    dq_t, dk, dv = jax.lax.fori_loop(first, stop, body, (dq_t, *carry))
+    return (dk, dv), dq_t
+
+  init = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
+  (dk, dv), dq_t = jax.lax.scan(one_q_block, init, jnp.arange(0, q.shape[1], q_chunk))
+  dq = jnp.transpose(dq_t, (1, 0, 3, 2)).reshape(q.shape)  # [nq, G, D, qc] -> [G, Tq', D]
+  return dq, dk, dv

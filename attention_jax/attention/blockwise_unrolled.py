@@ -1,0 +1,84 @@
+"""`chunked_attention`'s 'unrolled' strategy: query blocks unrolled at trace
+time, each scored against all the keys it may see in ONE block (the causal
+prefix, the window), the query chunking of Rabe & Staats (2021).
+
+Because every block's key range is a static slice, there is no online
+rescaling and no key block half above the diagonal: one wide matmul per
+block, with the work of exact causal attention up to the query-block
+granularity. On the 2-core CPU this beats the scan up to ~2,048 tokens
+(see `chunked.UNROLLED_MAX_LENGTH`). The price is a program that grows with
+T_q / q_chunk (compile time 4.4 s against 1.0 s at 2,048 tokens) and score
+blocks of q_chunk × (visible keys): so it serves moderate lengths; 'scan'
+serves any length.
+
+Shapes as in `blockwise_scan.py`: G rows, q `[G, Tq', D]` padded to q_chunk.
+"""
+
+import functools
+import math
+
+import jax.numpy as jnp
+
+from attention_jax.attention.blocks import backward_block
+from attention_jax.attention.blocks import block_scores
+from attention_jax.attention.blocks import normalise
+from attention_jax.attention.dense import MASK_VALUE
+
+
+def _visible_keys(q_start, qc, t_k, causal, window):
+  """Static [lo, hi): the keys some query of the block may attend to."""
+  lo, hi = 0, t_k
+  if causal:
+    hi = min(hi, q_start + qc)
+  if window is not None:
+    lo = max(0, q_start - window + 1)
+    hi = min(hi, q_start + qc - 1 + window)
+  return lo, max(lo, hi)
+
+
+def forward_group(q, k, v, kv_len, slopes, *, causal, q_chunk, t_k, window):
+  """Returns out `[G, Tq', Dv]` float32 and the row log-sum-exp `[G, Tq']`."""
+  g, dv = q.shape[0], v.shape[-1]
+  scores = functools.partial(block_scores, scale=1.0 / math.sqrt(q.shape[-1]),
+                             causal=causal, t_k=t_k, window=window)
+  outs, lses = [], []
+  for q_start in range(0, q.shape[1], q_chunk):
+    lo, hi = _visible_keys(q_start, q_chunk, t_k, causal, window)
+    if lo == hi:  # no key to attend: zero output, as `normalise` gives
+      outs.append(jnp.zeros((g, q_chunk, dv), jnp.float32))
+      lses.append(jnp.full((g, q_chunk), jnp.inf, jnp.float32))
+      continue
+    s, keep = scores(q[:, q_start:q_start + q_chunk], k[:, lo:hi], q_start, lo, kv_len,
+                     slopes)
+    s = jnp.where(keep, s, MASK_VALUE)
+    m = s.max(-1)
+    p = jnp.where(keep, jnp.exp(s - m[..., None]), 0.0)
+    acc = jnp.einsum('gqk,gkd->gqd', p, v[:, lo:hi], preferred_element_type=jnp.float32)
+    out, lse = normalise(m, p.sum(-1), acc)
+    outs.append(out)
+    lses.append(lse)
+  return jnp.concatenate(outs, axis=1), jnp.concatenate(lses, axis=1)
+
+
+def backward_group(q, k, v, kv_len, slopes, out, lse, dout, *, causal, q_chunk, t_k,
+                   window):
+  """dq, dk, dv (float32, shaped as q, k, v)."""
+  delta = jnp.einsum('gqd,gqd->gq', dout, out)  # rowsum(dO ∘ O), [G, Tq']
+  k_t = jnp.swapaxes(k, 1, 2)  # [G, D, Tk']
+  grads = functools.partial(backward_block, scale=1.0 / math.sqrt(q.shape[-1]),
+                            causal=causal, t_k=t_k, window=window)
+  dqs = []
+  dk, dv = jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32)
+  for q_start in range(0, q.shape[1], q_chunk):
+    rows = slice(q_start, q_start + q_chunk)
+    lo, hi = _visible_keys(q_start, q_chunk, t_k, causal, window)
+    if lo == hi:
+      dqs.append(jnp.zeros((q.shape[0], q_chunk, q.shape[2]), jnp.float32))
+      continue
+    dq_t, dk_blk, dv_blk = grads(q[:, rows], dout[:, rows], lse[:, None, rows],
+                                 delta[:, None, rows], k[:, lo:hi], v[:, lo:hi],
+                                 k_t[:, :, lo:hi], q_start, lo, kv_len, slopes)
+    dqs.append(jnp.swapaxes(dq_t, 1, 2))
+    dk = dk.at[:, lo:hi].add(dk_blk)
+    dv = dv.at[:, lo:hi].add(dv_blk)
+  return jnp.concatenate(dqs, axis=1), dk, dv
