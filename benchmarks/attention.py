@@ -5,7 +5,8 @@ r"""Causal attention layer forward+backward: ours vs PyTorch SDPA, side by side.
 
 The layer is lesson 7.3's: W_Q, W_K, W_V, W_O (no biases), d_model 512, 8
 heads, batch 4, float32, causal. Ours is `attention_jax.MultiHeadAttention`
-(each implementation in `--impls`), PyTorch's is nn.Linear projections around
+(each implementation in `--impls`; `chunked:scan` / `chunked:unrolled`
+force a strategy of the chunked path), PyTorch's is nn.Linear projections around
 `F.scaled_dot_product_attention(is_causal=True)` with the same weights. Both
 outputs are checked equal before timing. Timed calls alternate A B A B …
 after one warm-up each; medians and min–max are reported, with achieved
@@ -27,7 +28,8 @@ import attention_jax as aj
 from benchmarks.report import write_report
 
 _LENGTHS = flags.DEFINE_list('lengths', ['128', '512', '1024', '2048', '4096'], 'Lengths.')
-_IMPLS = flags.DEFINE_list('impls', ['chunked', 'dense'], 'Our implementations.')
+_IMPLS = flags.DEFINE_list('impls', ['chunked', 'dense'], 'Our implementations; '
+                           'chunked:scan / chunked:unrolled force a chunked strategy.')
 _DENSE_MAX = flags.DEFINE_integer('dense_max_length', 2048, 'Longest length for dense.')
 _REPEATS = flags.DEFINE_integer('repeats', 5, 'Timed calls per implementation.')
 _OUT = flags.DEFINE_string('out', 'benchmarks/results', 'Output folder.')
@@ -61,8 +63,10 @@ def layer_gflop(t: int) -> float:
 
 def ours(impl: str, x: np.ndarray, cotangent: np.ndarray):
   dtype = jnp.dtype(_DTYPE.value)
+  impl, _, strategy = impl.partition(':')
   mha = aj.MultiHeadAttention(D_MODEL, HEADS, implementation=impl, dtype=dtype,
-                              param_dtype=dtype, rngs=nnx.Rngs(0))
+                              param_dtype=dtype, chunked_strategy=strategy or 'auto',
+                              rngs=nnx.Rngs(0))
   graphdef, params = nnx.split(mha)
 
   @jax.jit

@@ -123,6 +123,18 @@ class ChunkedAttentionTest(chex.TestCase, parameterized.TestCase):
 
 class ModuleImplementationTest(parameterized.TestCase):
 
+  def test_module_strategies_agree_and_bad_ones_are_refused(self):
+    from flax import nnx  # pylint: disable=g-import-not-at-top
+    make = lambda strategy: aj.MultiHeadAttention(
+        32, 4, positional='alibi', implementation='chunked', chunk_size=8,
+        chunked_strategy=strategy, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(1), (2, 21, 32))
+    scan, _ = make('scan')(x, causal=True, return_weights=False)
+    unrolled, _ = make('unrolled')(x, causal=True, return_weights=False)
+    chex.assert_trees_all_close(scan, unrolled, atol=1e-5)
+    with self.assertRaisesRegex(ValueError, r"chunked_strategy='fast'; choose one of"):
+      make('fast')
+
   @parameterized.product(encoding=sorted(aj.ENCODINGS), implementation=('chunked', 'auto'))
   def test_module_paths_agree(self, encoding, implementation):
     from flax import nnx  # pylint: disable=g-import-not-at-top

@@ -77,6 +77,7 @@ def scaled_dot_product_attention(
     causal: bool = False, kv_lengths: Optional[jnp.ndarray] = None,
     alibi_slopes=None, window: Optional[int] = None, implementation: str = 'auto',
     return_weights: bool = False, chunk_size: Optional[int] = None,
+    chunked_strategy: str = 'auto',
 ) -> tuple[jnp.ndarray, Optional[jnp.ndarray]]:
   """Multi-head attention on any implementation (see the module docstring).
 
@@ -92,6 +93,7 @@ def scaled_dot_product_attention(
     return_weights: also return float32 `[B, H, T_q, T_k]` (dense only).
     chunk_size: query and key block size of the chunked path (default:
       `chunked_attention`'s, per strategy).
+    chunked_strategy: 'scan' | 'unrolled' | 'auto', see `chunked_attention`.
 
   Returns:
     `(out [B, T_q, H, D_v], weights or None)`.
@@ -106,6 +108,7 @@ def scaled_dot_product_attention(
   if impl == 'chunked':
     out = chunked_attention(q, k, v, causal=causal, kv_lengths=kv_lengths,
                             alibi_slopes=alibi_slopes, window=window,
+                            strategy=chunked_strategy,
                             **({} if chunk_size is None
                                else dict(q_chunk=chunk_size, k_chunk=chunk_size)))
     return out, None

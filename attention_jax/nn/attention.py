@@ -21,6 +21,7 @@ from flax import nnx
 from attention_jax.attention import multi_head_attention
 from attention_jax.attention import scaled_dot_product_attention
 from attention_jax.attention import select_implementation
+from attention_jax.attention.chunked import STRATEGIES
 from attention_jax.attention.dispatch import IMPLEMENTATIONS
 from attention_jax.positional import NoPE
 from attention_jax.positional import PositionalEncoding
@@ -79,6 +80,7 @@ class MultiHeadAttention(nnx.Module):
       `attention.dispatch`).
     chunk_size: query and key block size of the chunked path (default:
       `chunked_attention`'s, per strategy).
+    chunked_strategy: 'scan' | 'unrolled' | 'auto' (`chunked_attention`).
     rngs: `nnx.Rngs` for the parameters.
   """
 
@@ -88,6 +90,7 @@ class MultiHeadAttention(nnx.Module):
                max_length: Optional[int] = None, causal: bool = True,
                use_bias: bool = False, dtype=None, param_dtype=jnp.float32,
                implementation: str = 'dense', chunk_size: Optional[int] = None,
+               chunked_strategy: str = 'auto',
                rngs: nnx.Rngs):
     if num_heads < 1 or d_model % num_heads:
       raise ValueError(
@@ -95,6 +98,9 @@ class MultiHeadAttention(nnx.Module):
     if implementation not in IMPLEMENTATIONS:
       raise ValueError(
           f'implementation={implementation!r}; choose one of {IMPLEMENTATIONS}.')
+    if chunked_strategy not in STRATEGIES:
+      raise ValueError(
+          f'chunked_strategy={chunked_strategy!r}; choose one of {STRATEGIES}.')
     num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
     if num_kv_heads < 1 or num_heads % num_kv_heads:
       raise ValueError(f'num_kv_heads={num_kv_heads} must be >= 1 and divide '
@@ -103,6 +109,7 @@ class MultiHeadAttention(nnx.Module):
                                        or sliding_window < 1):
       raise ValueError(f'sliding_window={sliding_window!r}: use an integer >= 1 or None.')
     self.implementation, self.chunk_size = implementation, chunk_size
+    self.chunked_strategy = chunked_strategy
     self.d_model, self.num_heads, self.num_kv_heads = d_model, num_heads, num_kv_heads
     self.sliding_window = sliding_window
     self.head_dim = d_model // num_heads
@@ -173,7 +180,8 @@ class MultiHeadAttention(nnx.Module):
     out, weights = scaled_dot_product_attention(
         q, k, v, mask=mask, bias=_add_biases(bias, enc_bias), causal=causal,
         kv_lengths=kv_lengths, alibi_slopes=slopes, window=self.sliding_window,
-        implementation=impl, return_weights=return_weights, chunk_size=self.chunk_size)
+        implementation=impl, return_weights=return_weights, chunk_size=self.chunk_size,
+        chunked_strategy=self.chunked_strategy)
     return self.W_O(out), weights
 
   def init_cache(self, batch_size: int, max_length: int, dtype=jnp.float32) -> dict:
