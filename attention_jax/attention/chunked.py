@@ -44,10 +44,10 @@ from attention_jax.attention import blockwise_unrolled
 from attention_jax.attention.dense import repeat_kv_heads
 
 STRATEGIES = ('scan', 'unrolled', 'auto')
-# 'auto' unrolls up to this many queries and keys. Attention core fwd+bwd on
-# the 2-core CPU, batch 4 × 8 heads of 64, causal, unrolled vs scan: 0.071 vs
-# 0.092 s at T = 512, 0.73 vs 0.82 s at 2,048, 2.60 vs 2.48 s at 4,096, where
-# its compile time is also 8.5 s against 1.1 s.
+# 'auto' unrolls up to this many queries and keys. The lesson 7.3 layer fwd+bwd
+# on the 2-core CPU (benchmarks/results/strategies/attention.md), unrolled vs
+# scan: 0.93× the time at T = 512, 0.94× at 1,024, 0.91× at 2,048, 0.99× at
+# 4,096, where unrolling also costs 8.5 s of compile time against 1.1 s.
 UNROLLED_MAX_LENGTH = 2048
 # Per strategy, the defaults of q_chunk and heads_per_step: the fastest
 # measured on the 2-core CPU (README, Performance).
