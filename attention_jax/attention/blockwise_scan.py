@@ -68,12 +68,11 @@ def forward_group(q, k, v, kv_len, slopes, *, causal, q_chunk, k_chunk, t_k, win
           jnp.swapaxes(lse, 0, 1).reshape(g, -1))
 
 
-def backward_group(q, k, v, kv_len, slopes, out, lse, dout, *, causal, q_chunk,
+def backward_group(q, k, v, k_t, kv_len, slopes, delta, lse, dout, *, causal, q_chunk,
                    k_chunk, t_k, window):
-  """dq, dk, dv (float32, shaped as q, k, v), recomputing each block."""
+  """dq, dk, dv (float32, shaped as q, k, v), recomputing each block. k_t is k
+  transposed `[G, D, Tk']`, delta = rowsum(dO ∘ O) `[G, Tq']`."""
   num_k_blocks = k.shape[1] // k_chunk
-  delta = jnp.einsum('gqd,gqd->gq', dout, out)  # rowsum(dO ∘ O), [G, Tq']
-  k_t = jnp.swapaxes(k, 1, 2)  # [G, D, Tk']
   grads = functools.partial(backward_block, scale=1.0 / math.sqrt(q.shape[-1]),
                             causal=causal, t_k=t_k, window=window)
 

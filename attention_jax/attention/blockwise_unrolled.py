@@ -60,11 +60,10 @@ def forward_group(q, k, v, kv_len, slopes, *, causal, q_chunk, t_k, window):
   return jnp.concatenate(outs, axis=1), jnp.concatenate(lses, axis=1)
 
 
-def backward_group(q, k, v, kv_len, slopes, out, lse, dout, *, causal, q_chunk, t_k,
-                   window):
-  """dq, dk, dv (float32, shaped as q, k, v)."""
-  delta = jnp.einsum('gqd,gqd->gq', dout, out)  # rowsum(dO ∘ O), [G, Tq']
-  k_t = jnp.swapaxes(k, 1, 2)  # [G, D, Tk']
+def backward_group(q, k, v, k_t, kv_len, slopes, delta, lse, dout, *, causal,
+                   q_chunk, t_k, window):
+  """dq, dk, dv (float32, shaped as q, k, v). k_t is k transposed `[G, D, Tk']`,
+  delta = rowsum(dO ∘ O) `[G, Tq']`."""
   grads = functools.partial(backward_block, scale=1.0 / math.sqrt(q.shape[-1]),
                             causal=causal, t_k=t_k, window=window)
   dqs = []

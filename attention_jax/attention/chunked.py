@@ -97,7 +97,10 @@ def _chunked_bwd(strategy, causal, q_chunk, k_chunk, t_k, window, group, residua
                  dout):
   q, k, v, kv_len, slopes, out, lse = residuals
   impl, options = _options(strategy, causal, q_chunk, k_chunk, t_k, window)
-  args = (q, k, v, kv_len, slopes, out, lse, dout.astype(jnp.float32))
+  dout = dout.astype(jnp.float32)
+  delta = jnp.einsum('nqd,nqd->nq', dout, out)  # rowsum(dO ∘ O), [N, Tq']
+  k_t = jnp.swapaxes(k, 1, 2)  # [N, D, Tk']: dQᵀ's operand, see blocks.backward_block
+  args = (q, k, v, k_t, kv_len, slopes, delta, lse, dout)
   dq, dk, dv = jax.lax.map(lambda a: impl.backward_group(*a, **options),
                            tuple(_groups(x, group) for x in args))
   return (dq.reshape(q.shape).astype(q.dtype), dk.reshape(k.shape).astype(k.dtype),
