@@ -40,6 +40,9 @@ class SelectTest(parameterized.TestCase):
       select_implementation('chunked', t_k=8, **dict(CALL, dense_mask=True))
     with self.assertRaisesRegex(ValueError, "implementation='flash'; choose one of"):
       select_implementation('flash', t_k=8, **CALL)
+    q = jnp.ones((1, 4, 2, 8))
+    with self.assertRaisesRegex(ValueError, "chunked_strategy='fast'; choose one of"):
+      aj.scaled_dot_product_attention(q, q, q, implementation='dense', chunked_strategy='fast')
 
 
 class FunctionTest(chex.TestCase, parameterized.TestCase):

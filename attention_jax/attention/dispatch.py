@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from attention_jax.attention.chunked import STRATEGIES
 from attention_jax.attention.chunked import chunked_attention
 from attention_jax.attention.dense import multi_head_attention
 from attention_jax.attention.masks import causal_mask
@@ -98,6 +99,8 @@ def scaled_dot_product_attention(
   Returns:
     `(out [B, T_q, H, D_v], weights or None)`.
   """
+  if chunked_strategy not in STRATEGIES:  # early, whichever implementation runs
+    raise ValueError(f'chunked_strategy={chunked_strategy!r}; choose one of {STRATEGIES}.')
   t_q, t_k = q.shape[1], k.shape[1]
   impl = select_implementation(
       implementation, t_k=t_k, dtype=q.dtype, head_dim=q.shape[-1],
