@@ -10,7 +10,7 @@ our initial weights and AdamW + clipping; both losses on one batch are checked
 equal before timing. Rows, each timed over --steps steps, interleaved A B C D …
 --repeats times after a warm-up:
 
-  ours-train-loop   `attention_jax.train.train` itself (10 steps per compiled call,
+  ours-train-loop   `attention_jax.lab.train.train` itself (10 steps per compiled call,
                     data made on device,
                     metrics fetched every log_every steps, progress bar off)
   ours-1-step-calls the compiled step with one step per call, from a bare loop
@@ -34,12 +34,13 @@ from absl import app
 from absl import flags
 from flax import nnx
 
-from attention_jax import tasks
-from attention_jax.train import loop
-from attention_jax.train import make_optimizer
-from attention_jax.train.step import masked_metrics
-from attention_jax.train.step import step_function
-from attention_jax.train.step import train_step
+from attention_jax.lab import tasks
+from attention_jax.lab.train import loop
+from attention_jax.lab.train import make_optimizer
+from attention_jax.lab import models
+from attention_jax.lab.scoring import masked_metrics
+from attention_jax.lab.train.step import step_function
+from attention_jax.lab.train.step import train_step
 from benchmarks.report import write_report
 from configs import copy as copy_config
 
@@ -118,7 +119,7 @@ def main(argv):
   config = copy_config.get_config()
   config.progress, config.train.tensorboard = False, False
   m, tr, steps = config.model, config.train, _STEPS.value
-  model = loop.build_model(config, 0)
+  model = models.build_model(config, 0)
   task = tasks.get_task(config.task.name)
   batch_kw = dict(batch_size=tr.batch_size, min_length=config.task.train_min_length,
                   max_length=config.task.train_max_length, vocab_size=config.task.vocab_size)
@@ -137,7 +138,7 @@ def main(argv):
     losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction='none')
     return (losses * weight).sum() / weight.sum()
 
-  ours_loss = float(masked_metrics(model.forward_batch(batch), batch)['loss'])
+  ours_loss = float(masked_metrics(models.forward_batch(model, batch), batch)['loss'])
   np.testing.assert_allclose(torch_loss().item(), ours_loss, rtol=1e-5)  # same model first
   opt = torch.optim.AdamW(net.parameters(), lr=tr.learning_rate, betas=(tr.adam_b1, tr.adam_b2),
                           weight_decay=tr.weight_decay)

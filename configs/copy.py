@@ -15,10 +15,10 @@ workdir. Expected: every encoding near 100% token accuracy in the training
 range; past it, the curves separate (see the README for a real run, its
 numbers and its wall time: 17 min 26 s on the 2-core CPU).
 
-One model: `python -m experiments.train --config=configs/copy.py:pe=rope
+One model: `python -m experiments.train --config=configs/copy.py:encoding=rope
 --workdir=runs/one`. Presets by `:arg`, comma-separated `key=value`:
 
-  pe=NAME     the encoding (train.py) / the only encoding swept
+  encoding=NAME  the encoding (train.py) / the only encoding swept
               (length_extrapolation.py): none|sinusoidal|learned|rope|alibi|
               t5|kerple, optionally NAME:randomized (Ruoss et al. 2023)
   task=NAME   copy | reverse | duplicate
@@ -31,20 +31,18 @@ Any field can be overridden: `--config.model.num_heads=8`.
 
 import ml_collections
 
-from attention_jax.positional.registry import parse_encoding_spec
-
 ENCODINGS = ('none', 'sinusoidal', 'learned', 'rope', 'alibi', 't5', 'kerple',
              'learned:randomized', 'rope:randomized')
 
 
 def _parse(arg):
-  preset = dict(pe=None, task='copy', size='cpu')
+  preset = dict(encoding=None, task='copy', size='cpu')
   for item in filter(None, (arg or '').split(',')):
     key, _, value = item.partition('=')
     if key not in preset or not value:
       raise ValueError(
           f'bad config argument {item!r}; expected key=value with key in '
-          f'{sorted(preset)}, e.g. configs/copy.py:pe=rope,size=paper.')
+          f'{sorted(preset)}, e.g. configs/copy.py:encoding=rope,size=paper.')
     preset[key] = value
   if preset['size'] not in ('cpu', 'paper', 'tiny'):
     raise ValueError(f"size={preset['size']!r}: choose cpu, paper or tiny.")
@@ -63,13 +61,21 @@ def get_config(arg=None):
 
   c.model = ml_collections.ConfigDict()
   c.model.kind = 'transformer'  # transformer | seq2seq | seq2seq_attention (GRU, lesson 7.1)
-  encoding, randomized = parse_encoding_spec(preset['pe'] or 'rope')
-  c.model.encoding = encoding  # registry name; see attention_jax.ENCODINGS
+  # A registry name (attention_jax.ENCODINGS), or NAME:randomized to train on
+  # randomized positions (Ruoss et al. 2023; see `positions` below).
+  c.model.encoding = preset['encoding'] or 'rope'
+  # Keyword options per encoding, passed to its `build` when that encoding
+  # is used: model.encoding_options.NAME.OPTION (--config.model.encoding_options.t5.num_buckets=64).
+  c.model.encoding_options = ml_collections.ConfigDict()
+  c.model.encoding_options.t5 = ml_collections.ConfigDict(dict(
+      num_buckets=32,  # learned relative-distance buckets per head
+      max_distance=128,  # distances from here on share the last bucket
+  ))
   c.model.d_model = 64  # residual stream width (seq2seq: embedding width)
   c.model.num_heads = 4  # attention heads; must divide d_model
   c.model.num_layers = 2  # pre-LayerNorm transformer blocks
   c.model.mlp_dim = 256  # hidden width of each block's MLP
-  c.model.max_length = 0  # positions covered (learned table); 0 = the longest eval sequence
+  c.model.max_positions = 0  # positions covered (learned table); 0 = the longest eval sequence
   c.model.num_kv_heads = 0  # key/value heads (grouped-query; 1 = multi-query); 0 = num_heads
   c.model.sliding_window = 0  # attend to this many latest tokens only (local attention); 0 = all
   c.model.attention_implementation = 'auto'  # dense | chunked | cudnn | auto (chunked for long evals)
@@ -77,13 +83,9 @@ def get_config(arg=None):
   c.model.bidirectional = False  # seq2seq only: forward + backward GRU encoder
   c.model.attention_score = 'additive'  # seq2seq_attention only: additive (Bahdanau) | dot (Luong)
 
-  c.pe = ml_collections.ConfigDict()
-  c.pe.randomized = randomized  # train on sorted random positions from [0, max_position) (Ruoss et al. 2023)
-  c.pe.max_position = 0  # randomized only: the range of positions; 0 = 2 × the longest eval sequence
-  c.pe.randomized_eval = 'random'  # randomized only: evaluation positions: random (as trained) | contiguous (0 … T-1)
-  c.pe.rope_scale_factor = 0.0  # eval.rope_scalings' factor s; 0 = longest eval / longest training sequence
-  c.pe.t5_num_buckets = 32  # 't5': learned relative-distance buckets per head
-  c.pe.t5_max_distance = 128  # 't5': distances from here on share the last bucket
+  c.positions = ml_collections.ConfigDict()  # NAME:randomized encodings only
+  c.positions.max_position = 0  # randomized positions come from [0, max_position); 0 = 2 × the longest eval sequence
+  c.positions.randomized_eval = 'random'  # evaluation positions: random (as trained) | contiguous (0 … T-1)
 
   c.train = ml_collections.ConfigDict()
   c.train.seed = 0  # parameters and the training data stream
@@ -111,12 +113,16 @@ def get_config(arg=None):
   c.eval.seed = 12345  # evaluation data, shared by every model
   c.eval.generate = True  # also score by greedy generation with the key/value cache
   c.eval.rope_scalings = ('pi', 'ntk', 'yarn')  # 'rope' models: also evaluated with each (rows rope+pi, …)
+  c.eval.rope_scale_factor = 0.0  # eval.rope_scalings' factor s; 0 = longest eval / longest training sequence
 
   c.study = ml_collections.ConfigDict()
   c.study.tasks = (preset['task'],)  # tasks swept by length_extrapolation.py
   c.study.models = ('transformer',)  # model kinds swept; encodings apply to transformers
-  c.study.encodings = (preset['pe'],) if preset['pe'] else ENCODINGS  # encodings swept
+  c.study.encodings = (preset['encoding'],) if preset['encoding'] else ENCODINGS  # encodings swept
   c.study.seeds = (0, 1, 2)  # training seeds swept (overrides train.seed)
+  # Modules imported before anything else, e.g. one that registers its own
+  # encoding with attention_jax.register_encoding (--config.imports="('mypkg.encodings',)").
+  c.imports = ()
   c.progress = True  # show a progress bar (process 0 only)
   c.distributed = False  # multi-host: call jax.distributed.initialize() first
   c.deterministic_gpu = False  # GPU: --xla_gpu_deterministic_ops=true (slower, reproducible)

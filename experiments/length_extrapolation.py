@@ -13,8 +13,8 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from attention_jax.runtime import entry_point
-from attention_jax.study import run_study
+from attention_jax.lab.runtime import entry_point
+from attention_jax.lab.study import run_study
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', 'configs/copy.py', 'Study configuration (a get_config file).')

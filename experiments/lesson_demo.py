@@ -34,7 +34,7 @@ def main(argv):
   print('SelfAttention(64, 32): out', out.shape, 'weights', weights.shape)
   x = jax.random.normal(jax.random.key(1), (2, 16, 512))
   for encoding in sorted(aj.ENCODINGS):
-    mha = aj.MultiHeadAttention(512, 8, positional=encoding, max_length=16, rngs=rngs)
+    mha = aj.MultiHeadAttention(512, 8, encoding=encoding, max_positions=16, rngs=rngs)
     out, weights = mha(x, mask=aj.causal_mask(16))
     print(f'MultiHeadAttention(512, 8, {encoding!r}): out', out.shape,
           'weights', weights.shape)

@@ -17,8 +17,8 @@ import os
 from absl import app
 from absl import flags
 
-from attention_jax import plots
-from attention_jax import results
+from attention_jax.lab import plots
+from attention_jax.lab import results
 
 _WORKDIRS = flags.DEFINE_multi_string('workdir', None, 'Workdir(s) to read.', required=True)
 _OUT = flags.DEFINE_string('out', None, 'Where to write the figures.')

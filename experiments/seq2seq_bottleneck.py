@@ -15,11 +15,11 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from attention_jax import evaluate
-from attention_jax import tasks
-from attention_jax.plots import plot_alignments
-from attention_jax.runtime import entry_point
-from attention_jax.study import run_study
+from attention_jax.lab import evaluate
+from attention_jax.lab import tasks
+from attention_jax.lab.plots import plot_alignments
+from attention_jax.lab.runtime import entry_point
+from attention_jax.lab.study import run_study
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', 'configs/seq2seq.py', 'Study configuration (a get_config file).')

@@ -1,6 +1,6 @@
 r"""Train one model and evaluate it at every length.
 
-  python -m experiments.train --config=configs/copy.py:pe=rope --workdir=runs/one
+  python -m experiments.train --config=configs/copy.py:encoding=rope --workdir=runs/one
 
 Writes metrics.jsonl (every step), results.csv (accuracy per length) and
 run.json (timings) into --workdir. Presets and fields: configs/copy.py.
@@ -10,8 +10,8 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from attention_jax.runtime import entry_point
-from attention_jax.study import run_one
+from attention_jax.lab.runtime import entry_point
+from attention_jax.lab.study import run_one
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', 'configs/copy.py', 'Run configuration (a get_config file).')

@@ -9,10 +9,11 @@ from absl.testing import parameterized
 from flax import nnx
 
 import attention_jax as aj
-from attention_jax import tasks
-from attention_jax import train
-from attention_jax.evaluate import evaluate_lengths
-from attention_jax.evaluate import seq2seq_alignment
+from attention_jax.lab import tasks
+from attention_jax.lab import models
+from attention_jax.lab import train
+from attention_jax.lab.evaluate import evaluate_lengths
+from attention_jax.lab.evaluate import seq2seq_alignment
 from attention_jax.nn.seq2seq import Seq2Seq
 from configs import copy as copy_config
 
@@ -60,7 +61,7 @@ class AdditiveFunctionsTest(chex.TestCase, parameterized.TestCase):
 
 def _model(attention, bidirectional=False):
   return Seq2Seq(vocab_size=9, embed_dim=8, hidden_dim=16, attention=attention,
-                 bidirectional=bidirectional, rngs=nnx.Rngs(0))
+                 start_token=tasks.BOS, bidirectional=bidirectional, rngs=nnx.Rngs(0))
 
 
 def _batch(lengths=(3, 5), max_length=5):
@@ -74,10 +75,10 @@ class Seq2SeqTest(parameterized.TestCase):
   @parameterized.product(attention=(False, True), bidirectional=(False, True))
   def test_shapes_and_greedy_agrees_with_teacher_forcing(self, attention, bidirectional):
     model, batch = _model(attention, bidirectional), _batch()
-    logits = model.forward_batch(batch)
+    logits = models.forward_batch(model, batch)
     chex.assert_shape(logits, (2, 6, 9))
     # Feeding the greedy predictions back as decoder inputs reproduces them.
-    predictions = model.predict_batch(batch)
+    predictions = models.predict_batch(model, batch)
     teacher = jnp.concatenate([batch['decoder_inputs'][:, :1], predictions[:, :-1]], 1)
     np.testing.assert_array_equal(
         jnp.argmax(model(batch['source'], batch['source_mask'], teacher), -1), predictions)

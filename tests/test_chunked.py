@@ -126,7 +126,7 @@ class ModuleImplementationTest(parameterized.TestCase):
   def test_module_strategies_agree_and_bad_ones_are_refused(self):
     from flax import nnx  # pylint: disable=g-import-not-at-top
     make = lambda strategy: aj.MultiHeadAttention(
-        32, 4, positional='alibi', implementation='chunked', chunk_size=8,
+        32, 4, encoding='alibi', implementation='chunked', chunk_size=8,
         chunked_strategy=strategy, rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(1), (2, 21, 32))
     scan, _ = make('scan')(x, causal=True, return_weights=False)
@@ -138,8 +138,8 @@ class ModuleImplementationTest(parameterized.TestCase):
   @parameterized.product(encoding=sorted(aj.ENCODINGS), implementation=('chunked', 'auto'))
   def test_module_paths_agree(self, encoding, implementation):
     from flax import nnx  # pylint: disable=g-import-not-at-top
-    dense = aj.MultiHeadAttention(32, 4, positional=encoding, max_length=40, rngs=nnx.Rngs(0))
-    other = aj.MultiHeadAttention(32, 4, positional=encoding, max_length=40,
+    dense = aj.MultiHeadAttention(32, 4, encoding=encoding, max_positions=40, rngs=nnx.Rngs(0))
+    other = aj.MultiHeadAttention(32, 4, encoding=encoding, max_positions=40,
                                   implementation=implementation, chunk_size=8,
                                   rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(1), (2, 21, 32))
@@ -162,7 +162,7 @@ class ModuleImplementationTest(parameterized.TestCase):
       mha(x, causal=True)
     with self.assertRaisesRegex(ValueError, 'dense mask or bias'):
       mha(x, mask=aj.causal_mask(8), return_weights=False)
-    alibi = aj.MultiHeadAttention(16, 2, positional=aj.make_encoding(
+    alibi = aj.MultiHeadAttention(16, 2, encoding=aj.make_encoding(
         'alibi', d_model=16, num_heads=2, causal=False), implementation='chunked',
                                   rngs=nnx.Rngs(0))
     with self.assertRaisesRegex(ValueError, 'not linear in i - j'):

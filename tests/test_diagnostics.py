@@ -6,8 +6,8 @@ import tempfile
 import numpy as np
 from absl.testing import absltest
 
-from attention_jax.diagnose import run_diagnostics
-from attention_jax.evaluate import attention_entropy
+from attention_jax.lab.diagnose import run_diagnostics
+from attention_jax.lab.evaluate import attention_entropy
 from configs import copy as copy_config
 
 

@@ -63,7 +63,7 @@ class FunctionTest(chex.TestCase, parameterized.TestCase):
 
   def test_transformer_auto_runs_long_sequences_blockwise_and_exactly(self):
     kw = dict(vocab_size=8, d_model=16, num_heads=2, num_layers=1, mlp_dim=16,
-              encoding='alibi', max_length=None)
+              encoding='alibi', max_positions=None)
     auto = aj.TransformerLM(implementation='auto', rngs=nnx.Rngs(0), **kw)
     dense = aj.TransformerLM(implementation='dense', rngs=nnx.Rngs(0), **kw)
     tokens = jnp.arange(1100)[None] % 8

@@ -42,13 +42,13 @@ class MultiHeadAttentionModuleTest(chex.TestCase, parameterized.TestCase):
       mha(jnp.zeros((2, 3, 8)))
 
   def test_cross_attention_shapes(self):
-    mha = aj.MultiHeadAttention(16, 4, positional='rope', rngs=nnx.Rngs(0))
+    mha = aj.MultiHeadAttention(16, 4, encoding='rope', rngs=nnx.Rngs(0))
     out, weights = mha(jnp.ones((2, 3, 16)), jnp.ones((2, 9, 16)))
     chex.assert_shape(out, (2, 3, 16))
     chex.assert_shape(weights, (2, 4, 3, 9))
 
   def test_rope_rotates_q_and_k_inside(self):
-    mha = aj.MultiHeadAttention(16, 2, positional='rope', rngs=nnx.Rngs(0))
+    mha = aj.MultiHeadAttention(16, 2, encoding='rope', rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(3), (1, 5, 16))
     _, weights = mha(x)
     q = aj.positional.apply_rope(mha.W_Q(x), np.arange(5))
@@ -61,7 +61,7 @@ class MultiHeadAttentionModuleTest(chex.TestCase, parameterized.TestCase):
 
   @parameterized.product(dtype=(jnp.float32, jnp.bfloat16, jnp.float16), encoding=ENCODINGS)
   def test_dtypes(self, dtype, encoding):
-    mha = aj.MultiHeadAttention(16, 4, positional=encoding, max_length=8, dtype=dtype,
+    mha = aj.MultiHeadAttention(16, 4, encoding=encoding, max_positions=8, dtype=dtype,
                                 rngs=nnx.Rngs(0))
     out, weights = nnx.jit(lambda m, x: m(x, mask=aj.causal_mask(6)))(mha, jnp.ones((2, 6, 16), dtype))
     self.assertEqual(out.dtype, dtype)
@@ -99,8 +99,8 @@ class CausalityTest(parameterized.TestCase):
   @parameterized.parameters(*ENCODINGS)
   def test_no_gradient_from_the_future(self, encoding):
     t, d = 6, 16
-    enc = aj.make_encoding(encoding, d_model=d, num_heads=4, max_length=t, rngs=nnx.Rngs(0))
-    mha = aj.MultiHeadAttention(d, 4, positional=enc, rngs=nnx.Rngs(1))
+    enc = aj.make_encoding(encoding, d_model=d, num_heads=4, max_positions=t, rngs=nnx.Rngs(0))
+    mha = aj.MultiHeadAttention(d, 4, encoding=enc, rngs=nnx.Rngs(1))
     x = jax.random.normal(jax.random.key(5), (1, t, d))
 
     def output_at(x, i):
@@ -119,7 +119,7 @@ class LinenBridgeTest(absltest.TestCase):
 
   def test_usable_from_linen(self):
     from flax.nnx import bridge  # pylint: disable=g-import-not-at-top
-    layer = bridge.to_linen(aj.MultiHeadAttention, 16, 4, positional='alibi')
+    layer = bridge.to_linen(aj.MultiHeadAttention, 16, 4, encoding='alibi')
     x = jnp.ones((2, 5, 16))
     variables = layer.init(jax.random.key(0), x)
     out, weights = layer.apply(variables, x)

@@ -54,7 +54,7 @@ class SinusoidalTest(chex.TestCase, parameterized.TestCase):
 class LearnedTest(parameterized.TestCase):
 
   def _encoding(self, max_length=8):
-    return pe.make_encoding('learned', d_model=4, num_heads=1, max_length=max_length,
+    return pe.make_encoding('learned', d_model=4, num_heads=1, max_positions=max_length,
                             rngs=nnx.Rngs(0))
 
   def test_adds_table_rows(self):
@@ -66,20 +66,20 @@ class LearnedTest(parameterized.TestCase):
   def test_too_long_is_a_trace_time_error(self):
     enc = self._encoding()
     f = nnx.jit(lambda enc, x: enc.add_to_embeddings(x, np.arange(x.shape[1])))
-    with self.assertRaisesRegex(ValueError, r'\[0, 8\].*max_length=8'):
+    with self.assertRaisesRegex(ValueError, r'\[0, 8\].*max_positions=8'):
       f(enc, jnp.zeros((1, 9, 4)))
 
   def test_traced_positions_past_the_table_fail_at_run_time(self):
     enc = self._encoding()
     f = nnx.jit(lambda enc, p: enc.add_to_embeddings(jnp.zeros((1, 3, 4)), p))
     f(enc, jnp.array([5, 6, 7])).block_until_ready()  # in range: fine
-    with self.assertRaisesRegex(Exception, r'\[6, 8\].*max_length=8'):
+    with self.assertRaisesRegex(Exception, r'\[6, 8\].*max_positions=8'):
       f(enc, jnp.array([6, 7, 8])).block_until_ready()
     with self.assertRaisesRegex(Exception, r'\[-1, 1\]'):
       f(enc, jnp.array([-1, 0, 1])).block_until_ready()
 
   def test_needs_a_length(self):
-    with self.assertRaisesRegex(ValueError, "'learned' encoding needs max_length"):
+    with self.assertRaisesRegex(ValueError, "'learned' encoding needs max_positions"):
       self._encoding(max_length=None)
 
 
@@ -150,7 +150,7 @@ class RegistryTest(parameterized.TestCase):
 
   @parameterized.parameters(*sorted(pe.ENCODINGS))
   def test_every_encoding_builds(self, name):
-    enc = pe.make_encoding(name, d_model=8, num_heads=2, max_length=16, rngs=nnx.Rngs(0))
+    enc = pe.make_encoding(name, d_model=8, num_heads=2, max_positions=16, rngs=nnx.Rngs(0))
     self.assertIsInstance(enc, pe.PositionalEncoding)
 
   def test_unknown_name(self):

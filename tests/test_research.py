@@ -15,19 +15,20 @@ import numpy as np
 from absl.testing import absltest
 from flax import nnx
 
-from attention_jax import train
-from attention_jax.study import config_hash
-from attention_jax.study import run_configs
-from attention_jax.study import run_study
-from attention_jax.train.checkpoint import Checkpointer
-from attention_jax.train.interrupt import TrainingInterrupted
+from attention_jax.lab import models
+from attention_jax.lab import train
+from attention_jax.lab.study import config_hash
+from attention_jax.lab.study import run_configs
+from attention_jax.lab.study import run_study
+from attention_jax.lab.train.checkpoint import Checkpointer
+from attention_jax.lab.train.interrupt import TrainingInterrupted
 from configs import copy as copy_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _config(**train_overrides):
-  c = copy_config.get_config('size=tiny,pe=alibi')
+  c = copy_config.get_config('size=tiny,encoding=alibi')
   c.train.update(**dict(dict(num_steps=12, checkpoint_every=4, log_every=3), **train_overrides))
   return c
 
@@ -79,7 +80,7 @@ class ResumeTest(absltest.TestCase):
     chex.assert_trees_all_close(_params(straight), _params(one_per_call), atol=1e-6)
     with self.assertRaisesRegex(ValueError, 'train.stop_after=5 is not a multiple of '
                                 'train.steps_per_call=2'):
-      from attention_jax.validate import validate_config  # pylint: disable=g-import-not-at-top
+      from attention_jax.lab.validate import validate_config  # pylint: disable=g-import-not-at-top
       validate_config(_config(stop_after=5, **kw))
 
   def test_half_written_checkpoint_is_ignored(self):
@@ -91,7 +92,7 @@ class ResumeTest(absltest.TestCase):
     os.makedirs(junk)
     with open(os.path.join(junk, 'partial'), 'w') as f:
       f.write('not a checkpoint')
-    model = train.build_model(_config(), 0)
+    model = models.build_model(_config(), 0)
     optimizer = nnx.Optimizer(model, train.make_optimizer(_config().train), wrt=nnx.Param)
     _, state = nnx.split((model, optimizer))
     checkpointer = Checkpointer(os.path.join(workdir, 'checkpoints'), every=4, keep=2)
@@ -153,26 +154,27 @@ class ProcessTest(absltest.TestCase):
         import jax, jax.numpy as jnp, numpy as np
         from flax import nnx
         from jax.sharding import NamedSharding, PartitionSpec as P
-        from attention_jax import tasks, train
-        from attention_jax.train.step import compiled_step
-        from attention_jax.validate import validate_config
+        from attention_jax.lab import tasks, train
+        from attention_jax.lab import models
+        from attention_jax.lab.train.step import step_function
+        from attention_jax.lab.validate import validate_config
         from configs import copy as cc
         assert jax.device_count() == 4, jax.devices()
-        c = cc.get_config('size=tiny,pe=rope')
+        c = cc.get_config('size=tiny,encoding=rope')
         c.train.batch_size = 8
         results = []
         for devices in (jax.devices()[:1], jax.devices()):
           mesh = jax.make_mesh((len(devices),), ('data',), devices=devices,
                                axis_types=(jax.sharding.AxisType.Auto,))
-          model = train.build_model(c, 0)
+          model = models.build_model(c, 0)
           opt = nnx.Optimizer(model, train.make_optimizer(c.train), wrt=nnx.Param)
           graphdef, state = nnx.split((model, opt))
           state = jax.device_put(state, NamedSharding(mesh, P()))
-          state, metrics = compiled_step(
-              state, jnp.int32(0), jnp.int32(0), graphdef=graphdef,
-              task=tasks.get_task('copy'), batch_size=8, min_length=1, max_length=4,
-              vocab_size=c.task.vocab_size, layout='decoder_only',
+          step = step_function(
+              graphdef=graphdef, task=tasks.get_task('copy'), batch_size=8, min_length=1,
+              max_length=4, vocab_size=c.task.vocab_size, layout='decoder_only',
               data_sharding=NamedSharding(mesh, P('data')))
+          state, metrics = step(state, jnp.int32(0), jnp.int32(0))
           results.append((nnx.to_pure_dict(state), metrics))
         diffs = jax.tree.map(lambda a, b: float(np.max(np.abs(np.asarray(a) - np.asarray(b)))),
                              *jax.device_get(results))
@@ -201,7 +203,7 @@ class ProcessTest(absltest.TestCase):
   def test_plot_redraws_and_combines_workdirs(self):
     workdirs = []
     for encoding in ('rope', 'none'):
-      c = copy_config.get_config(f'size=tiny,pe={encoding}')
+      c = copy_config.get_config(f'size=tiny,encoding={encoding}')
       workdirs.append(tempfile.mkdtemp())
       run_study(c, workdirs[-1], log=lambda _: None)
     out_dir = tempfile.mkdtemp()

@@ -13,8 +13,8 @@ from flax import nnx
 
 import attention_jax as aj
 from attention_jax import positional as pe
-from attention_jax import tasks
-from attention_jax.evaluate import rope_scaled
+from attention_jax.lab import tasks
+from attention_jax.lab.evaluate import rope_scaled
 from configs import copy as copy_config
 
 
@@ -57,7 +57,7 @@ class T5BiasTest(parameterized.TestCase):
     chex.assert_shape(batched, (2, 2, 5, 5))
 
   def test_table_learns(self):
-    mha = aj.MultiHeadAttention(16, 2, positional='t5', rngs=nnx.Rngs(0))
+    mha = aj.MultiHeadAttention(16, 2, encoding='t5', rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(1), (1, 6, 16))
     grads = nnx.grad(lambda m: jnp.sum(m(x, causal=True)[0] ** 2))(mha)
     self.assertGreater(float(jnp.abs(grads.positional.table[...]).sum()), 0.0)
@@ -72,7 +72,7 @@ class KerpleTest(absltest.TestCase):
     np.testing.assert_allclose(bias, np.broadcast_to(want, (2, 6, 6)), atol=1e-6)
 
   def test_both_parameters_learn_and_stay_positive(self):
-    mha = aj.MultiHeadAttention(16, 2, positional='kerple', rngs=nnx.Rngs(0))
+    mha = aj.MultiHeadAttention(16, 2, encoding='kerple', rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(1), (1, 6, 16))
     grads = nnx.grad(lambda m: jnp.sum(m(x, causal=True)[0] ** 2))(mha)
     for name in ('raw_r1', 'raw_r2'):
@@ -111,7 +111,7 @@ class RopeScalingTest(parameterized.TestCase):
 
   def test_rope_scaled_sets_and_restores_every_layer(self):
     model = aj.TransformerLM(vocab_size=8, d_model=16, num_heads=2, num_layers=2, mlp_dim=16,
-                             encoding='rope', max_length=None, rngs=nnx.Rngs(0))
+                             encoding='rope', max_positions=None, rngs=nnx.Rngs(0))
     tokens = jnp.arange(12)[None] % 8
     plain = model(tokens)
     with rope_scaled(model, pe.RopeScaling('pi', 2.0)):
@@ -120,7 +120,7 @@ class RopeScalingTest(parameterized.TestCase):
     self.assertGreater(float(jnp.abs(scaled - plain).max()), 1e-3)
     chex.assert_trees_all_close(model(tokens), plain)
     alibi = aj.TransformerLM(vocab_size=8, d_model=16, num_heads=2, num_layers=1, mlp_dim=16,
-                             encoding='alibi', max_length=None, rngs=nnx.Rngs(0))
+                             encoding='alibi', max_positions=None, rngs=nnx.Rngs(0))
     with self.assertRaisesRegex(ValueError, "RoPE scaling 'pi' asked for a model without RoPE"):
       with rope_scaled(alibi, pe.RopeScaling('pi', 2.0)):
         pass
@@ -153,21 +153,21 @@ class RandomizedPositionsTest(parameterized.TestCase):
     chex.assert_shape(randomized['positions'], plain['inputs'].shape)
 
   def test_config_spec_and_validation(self):
-    c = copy_config.get_config('pe=learned:randomized,size=tiny')
-    self.assertEqual((c.model.encoding, c.pe.randomized), ('learned', True))
-    c.pe.max_position = 10  # below the 18 positions read at eval.max_length=8
-    from attention_jax.validate import validate_config  # pylint: disable=g-import-not-at-top
-    with self.assertRaisesRegex(ValueError, 'pe.max_position=10 is below the 18 positions'):
+    c = copy_config.get_config('encoding=learned:randomized,size=tiny')
+    self.assertEqual(c.model.encoding, 'learned:randomized')
+    c.positions.max_position = 10  # below the 18 positions read at eval.max_length=8
+    from attention_jax.lab.validate import validate_config  # pylint: disable=g-import-not-at-top
+    with self.assertRaisesRegex(ValueError, 'positions.max_position=10 is below the 18 positions'):
       validate_config(c)
 
   @parameterized.parameters('random', 'contiguous')
   def test_evaluation_positions(self, mode):
     """Randomized models are evaluated on random positions (as trained) or on
     0 … T-1 (the draw itself is tested for reproducibility above)."""
-    from attention_jax.study import run_one  # pylint: disable=g-import-not-at-top
+    from attention_jax.lab.study import run_one  # pylint: disable=g-import-not-at-top
     import tempfile  # pylint: disable=g-import-not-at-top
-    c = copy_config.get_config('pe=learned:randomized,size=tiny')
-    c.pe.randomized_eval = mode
+    c = copy_config.get_config('encoding=learned:randomized,size=tiny')
+    c.positions.randomized_eval = mode
     rows = run_one(c, tempfile.mkdtemp())
     self.assertLen(rows, 8)  # lengths 1…8
     self.assertEqual({r['encoding'] for r in rows}, {'learned:randomized'})

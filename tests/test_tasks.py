@@ -6,7 +6,7 @@ import numpy as np
 from absl.testing import absltest
 from absl.testing import parameterized
 
-from attention_jax import tasks
+from attention_jax.lab import tasks
 
 RULES = {
     'copy': lambda x: x,

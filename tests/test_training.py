@@ -14,11 +14,12 @@ from absl.testing import parameterized
 from flax import nnx
 
 import attention_jax
-from attention_jax import evaluate
-from attention_jax import tasks
-from attention_jax import train
-from attention_jax.study import run_study
-from attention_jax.validate import validate_config
+from attention_jax.lab import evaluate
+from attention_jax.lab import models
+from attention_jax.lab import tasks
+from attention_jax.lab import train
+from attention_jax.lab.study import run_study
+from attention_jax.lab.validate import validate_config
 from configs import copy as copy_config
 
 
@@ -33,7 +34,7 @@ def _tiny(**overrides):
 class LearningTest(absltest.TestCase):
 
   def test_learns_copy_in_distribution(self):
-    c = copy_config.get_config('size=tiny,pe=rope')
+    c = copy_config.get_config('size=tiny,encoding=rope')
     c.model.update(d_model=32, num_heads=2, num_layers=2, mlp_dim=64)
     c.task.update(vocab_size=8, train_max_length=4)
     c.train.update(batch_size=32, num_steps=400, learning_rate=3e-3, warmup_steps=40,
@@ -49,7 +50,7 @@ class EvaluationTest(absltest.TestCase):
 
   def test_padding_to_a_bucket_does_not_change_results(self):
     c = _tiny()
-    model = train.build_model(c, seed=0)
+    model = models.build_model(c, seed=0)
     task = tasks.get_task('copy')
     kwargs = dict(num_samples=8, vocab_size=c.task.vocab_size)
     tight = evaluate.evaluate_lengths(model, task, [3, 5], train_max=3, **kwargs)
@@ -60,7 +61,7 @@ class EvaluationTest(absltest.TestCase):
 
   def test_logits_at_real_tokens_ignore_padding(self):
     c = _tiny()
-    model = train.build_model(c, seed=0)
+    model = models.build_model(c, seed=0)
     task = tasks.get_task('reverse')
     lengths = jnp.array([2, 3])
     inputs = tasks.make_batch(task, jax.random.key(0), lengths, vocab_size=4,
@@ -127,8 +128,8 @@ class ConfigValidationTest(parameterized.TestCase):
       ('heads', {'model.num_heads': 3}, r'model.num_heads=3 must divide model.d_model=16'),
       ('empty_range', {'task.train_min_length': 5},
        r'train_min_length=5 > task.train_max_length=4'),
-      ('learned_table', {'model.encoding': 'learned', 'model.max_length': 12},
-       r"model.max_length=12 is too short for 'learned' at eval.max_length=8"),
+      ('learned_table', {'model.encoding': 'learned', 'model.max_positions': 12},
+       r"model.max_positions=12 is too short for 'learned' at eval.max_length=8"),
       ('eval_length', {'eval.lengths': (3, 9)}, r'eval.lengths contains 9'),
       ('batch', {'train.batch_size': 0}, r'train.batch_size=0 must be an integer >= 1'),
       ('odd_rope', {'model.d_model': 6, 'model.num_heads': 2}, r"'rope' needs an even head_dim"),
@@ -138,8 +139,8 @@ class ConfigValidationTest(parameterized.TestCase):
       ('window', {'model.sliding_window': -1}, r'model.sliding_window=-1 must be >= 0'),
       ('rope_scaling', {'eval.rope_scalings': ('linear',)},
        r"eval.rope_scalings has 'linear'; allowed: \['ntk', 'pi', 'yarn'\]"),
-      ('randomized_eval', {'pe.randomized_eval': 'shuffled'},
-       r"pe.randomized_eval has 'shuffled'; allowed"),
+      ('randomized_eval', {'positions.randomized_eval': 'shuffled'},
+       r"positions.randomized_eval has 'shuffled'; allowed"),
       ('score', {'model.attention_score': 'cosine'}, r"model.attention_score has 'cosine'"),
   )
   def test_bad_config_is_one_clear_error(self, overrides, message):

@@ -24,7 +24,7 @@ def _qkv(h_kv, key=0):
 
 def _lm(encoding, **kw):
   return aj.TransformerLM(vocab_size=11, d_model=16, num_heads=4, num_layers=2, mlp_dim=32,
-                          encoding=encoding, max_length=64, rngs=nnx.Rngs(0), **kw)
+                          encoding=encoding, max_positions=64, rngs=nnx.Rngs(0), **kw)
 
 
 class GroupedQueryTest(chex.TestCase, parameterized.TestCase):
@@ -62,8 +62,8 @@ class GroupedQueryTest(chex.TestCase, parameterized.TestCase):
                                 jax.grad(loss(dense), (0, 1, 2))(q, k, v), atol=1e-5)
 
   def test_gqa_module_equals_mha_with_repeated_kv_weights(self):
-    gqa = aj.MultiHeadAttention(32, 4, num_kv_heads=2, positional='rope', rngs=nnx.Rngs(0))
-    mha = aj.MultiHeadAttention(32, 4, positional='rope', rngs=nnx.Rngs(1))
+    gqa = aj.MultiHeadAttention(32, 4, num_kv_heads=2, encoding='rope', rngs=nnx.Rngs(0))
+    mha = aj.MultiHeadAttention(32, 4, encoding='rope', rngs=nnx.Rngs(1))
     chex.assert_shape(gqa.W_K.kernel[...], (32, 2, 8))
     mha.W_Q.kernel[...] = gqa.W_Q.kernel[...]
     mha.W_O.kernel[...] = gqa.W_O.kernel[...]

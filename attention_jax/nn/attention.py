@@ -30,18 +30,18 @@ from attention_jax.positional import make_encoding
 Positional = Union[str, PositionalEncoding, None]
 
 
-def _resolve_positional(positional: Positional, *, d_model, num_heads,
-                        max_length, causal, rngs) -> PositionalEncoding:
-  if positional is None:
+def _resolve_positional(encoding: Positional, *, d_model, num_heads,
+                        max_positions, causal, rngs) -> PositionalEncoding:
+  if encoding is None:
     return NoPE()
-  if isinstance(positional, str):
-    return make_encoding(positional, d_model=d_model, num_heads=num_heads,
-                         max_length=max_length, causal=causal, rngs=rngs)
-  if not isinstance(positional, PositionalEncoding):
+  if isinstance(encoding, str):
+    return make_encoding(encoding, d_model=d_model, num_heads=num_heads,
+                         max_positions=max_positions, causal=causal, rngs=rngs)
+  if not isinstance(encoding, PositionalEncoding):
     raise TypeError(
-        'positional must be an encoding name, a PositionalEncoding or None, '
-        f'got {type(positional).__name__}.')
-  return positional
+        'encoding must be a registry name, a PositionalEncoding or None, '
+        f'got {type(encoding).__name__}.')
+  return encoding
 
 
 def _is_arange(positions) -> bool:
@@ -69,8 +69,8 @@ class MultiHeadAttention(nnx.Module):
     sliding_window: if set, a query attends only to the `sliding_window`
       nearest keys on each side (|i - j| < window, token indices); with
       `causal=True` at call time, the `sliding_window` latest tokens.
-    positional: encoding acting inside attention (see module docstring).
-    max_length, causal: passed to the encoding when built from a name.
+    encoding: encoding acting inside attention (see module docstring).
+    max_positions, causal: passed to the encoding when built from a name.
     use_bias: biases on the four projections (Flax's default is True).
     dtype, param_dtype: computation and parameter dtypes of the projections.
     implementation: 'dense' (weights available, any mask or bias), 'chunked'
@@ -84,10 +84,10 @@ class MultiHeadAttention(nnx.Module):
     rngs: `nnx.Rngs` for the parameters.
   """
 
-  def __init__(self, d_model: int, num_heads: int, *, positional: Positional = None,
+  def __init__(self, d_model: int, num_heads: int, *, encoding: Positional = None,
                num_kv_heads: Optional[int] = None,
                sliding_window: Optional[int] = None,
-               max_length: Optional[int] = None, causal: bool = True,
+               max_positions: Optional[int] = None, causal: bool = True,
                use_bias: bool = False, dtype=None, param_dtype=jnp.float32,
                implementation: str = 'dense', chunk_size: Optional[int] = None,
                chunked_strategy: str = 'auto',
@@ -120,8 +120,8 @@ class MultiHeadAttention(nnx.Module):
     self.W_V = nnx.LinearGeneral(d_model, (num_kv_heads, self.head_dim), **proj)
     self.W_O = nnx.LinearGeneral(heads, d_model, axis=(-2, -1), **proj)
     self.positional = _resolve_positional(
-        positional, d_model=d_model, num_heads=num_heads,
-        max_length=max_length, causal=causal, rngs=rngs)
+        encoding, d_model=d_model, num_heads=num_heads,
+        max_positions=max_positions, causal=causal, rngs=rngs)
 
   def __call__(self, x: jnp.ndarray, context: Optional[jnp.ndarray] = None, *,
                mask: Optional[jnp.ndarray] = None,
@@ -184,12 +184,12 @@ class MultiHeadAttention(nnx.Module):
         chunked_strategy=self.chunked_strategy)
     return self.W_O(out), weights
 
-  def init_cache(self, batch_size: int, max_length: int, dtype=jnp.float32) -> dict:
-    """An empty cache for `extend`: key/value `[B, max_length, H_kv, D]`
-    (rotated keys when the encoding rotates) and their int32 positions `[B, max_length]`."""
-    shape = (batch_size, max_length, self.num_kv_heads, self.head_dim)
+  def init_cache(self, batch_size: int, cache_size: int, dtype=jnp.float32) -> dict:
+    """An empty cache for `extend`: key/value `[B, cache_size, H_kv, D]`
+    (rotated keys when the encoding rotates) and their int32 positions `[B, cache_size]`."""
+    shape = (batch_size, cache_size, self.num_kv_heads, self.head_dim)
     return dict(key=jnp.zeros(shape, dtype), value=jnp.zeros(shape, dtype),
-                positions=jnp.zeros((batch_size, max_length), jnp.int32))
+                positions=jnp.zeros((batch_size, cache_size), jnp.int32))
 
   def extend(self, x: jnp.ndarray, cache: dict, start, *,
              positions: Optional[jnp.ndarray] = None) -> tuple[jnp.ndarray, dict]:
@@ -239,7 +239,7 @@ def _raise_if_past_cache(start, s_len, t_max) -> None:
   if int(start) < 0 or int(start) + s_len > t_max:
     raise ValueError(f'extend writes cache slots {int(start)} … {int(start) + s_len - 1} '
                      f'but the cache has {t_max} slots (0 … {t_max - 1}); '
-                     'make it longer with init_cache(max_length=...).')
+                     'make it longer with init_cache(cache_size=...).')
 
 
 def check_cache_slots(start, s_len: int, t_max: int) -> None:
@@ -258,13 +258,13 @@ class SelfAttention(nnx.Module):
     d_model: input width; inputs are `[B, T, d_model]`.
     d_k: width of queries and keys (and values unless `d_v` is given).
     d_v: width of values and of the output; default `d_k`.
-    positional: encoding acting inside attention ('rope', 'alibi', …).
-    max_length, causal: passed to the encoding when built from a name.
+    encoding: encoding acting inside attention ('rope', 'alibi', …).
+    max_positions, causal: passed to the encoding when built from a name.
     rngs: `nnx.Rngs` for the parameters.
   """
 
   def __init__(self, d_model: int, d_k: int, *, d_v: Optional[int] = None,
-               positional: Positional = None, max_length: Optional[int] = None,
+               encoding: Positional = None, max_positions: Optional[int] = None,
                causal: bool = True, dtype=None, param_dtype=jnp.float32,
                rngs: nnx.Rngs):
     proj = dict(use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
@@ -273,7 +273,7 @@ class SelfAttention(nnx.Module):
     self.W_K = nnx.Linear(d_model, d_k, **proj)
     self.W_V = nnx.Linear(d_model, d_v or d_k, **proj)
     self.positional = _resolve_positional(
-        positional, d_model=d_k, num_heads=1, max_length=max_length,
+        encoding, d_model=d_k, num_heads=1, max_positions=max_positions,
         causal=causal, rngs=rngs)
 
   def __call__(self, x: jnp.ndarray, *, mask: Optional[jnp.ndarray] = None,

@@ -18,25 +18,23 @@ import jax.numpy as jnp
 from flax import nnx
 
 from attention_jax.nn.additive import AdditiveAttention
-from attention_jax.tasks import BOS
 
 
 class Seq2Seq(nnx.Module):
-  """GRU encoder-decoder on the `seq2seq` batch layout of `attention_jax.tasks`.
+  """GRU encoder-decoder: source tokens `[B, N]` -> target logits `[B, M, vocab]`.
 
   Args:
     vocab_size: token ids (source and target share the vocabulary).
     embed_dim, hidden_dim: embedding and GRU widths.
     attention: add Bahdanau attention over the encoder states.
+    start_token: the id the decoder starts from (the target's BOS).
     bidirectional: a forward and a backward GRU encoder, concatenated.
     score: 'additive' (Bahdanau) or 'dot' (Luong) attention score.
     rngs: `nnx.Rngs` for the parameters.
   """
 
-  batch_layout = 'seq2seq'
-
   def __init__(self, *, vocab_size: int, embed_dim: int, hidden_dim: int,
-               attention: bool, bidirectional: bool = False,
+               attention: bool, start_token: int, bidirectional: bool = False,
                score: str = 'additive', rngs: nnx.Rngs):
     self.embed = nnx.Embed(vocab_size, embed_dim, rngs=rngs)
     # rngs=False: no dropout, so the RNNs hold no random state to mutate.
@@ -49,6 +47,7 @@ class Seq2Seq(nnx.Module):
     else:
       self.encoder = forward
     self.bidirectional, self.hidden_dim = bidirectional, hidden_dim
+    self.start_token = start_token
     encoder_dim = hidden_dim * (2 if bidirectional else 1)
     self.bridge = nnx.Linear(encoder_dim, hidden_dim, rngs=rngs)
     context_dim = encoder_dim if attention else 0
@@ -111,7 +110,7 @@ class Seq2Seq(nnx.Module):
     int32 predictions `[B, num_steps]` (and weights `[B, num_steps, N]`)."""
     states, state = self.encode(source, source_mask)
     memory = self._memory(states, source_mask)
-    first = jnp.full(source.shape[:1], BOS, jnp.int32)
+    first = jnp.full(source.shape[:1], self.start_token, jnp.int32)
 
     @nnx.scan(in_axes=(None, nnx.Carry, None), out_axes=(nnx.Carry, 1), length=num_steps)
     def run(model, carry, memory):
@@ -122,16 +121,3 @@ class Seq2Seq(nnx.Module):
 
     _, (tokens, weights) = run(self, (state, first), memory)
     return (tokens, weights) if return_weights else tokens
-
-  def forward_batch(self, batch) -> jax.Array:
-    """Teacher-forced logits aligned with `batch['targets']`."""
-    return self(batch['source'], batch['source_mask'], batch['decoder_inputs'])
-
-  def predict_batch(self, batch) -> jax.Array:
-    """Greedy predictions aligned with `batch['targets']`."""
-    return self.greedy_decode(batch['source'], batch['source_mask'],
-                              batch['targets'].shape[1])
-
-  def generate_batch(self, batch) -> jax.Array:
-    """Autoregressive predictions: `predict_batch` already decodes greedily."""
-    return self.predict_batch(batch)

@@ -29,7 +29,7 @@ class Block(nnx.Module):
   def __init__(self, d_model: int, num_heads: int, mlp_dim: int,
                positional: PositionalEncoding, *, rngs: nnx.Rngs, **attention_options):
     self.attention_norm = nnx.LayerNorm(d_model, rngs=rngs)
-    self.attention = MultiHeadAttention(d_model, num_heads, positional=positional,
+    self.attention = MultiHeadAttention(d_model, num_heads, encoding=positional,
                                         rngs=rngs, **attention_options)
     self.mlp_norm = nnx.LayerNorm(d_model, rngs=rngs)
     self.mlp_in = nnx.Linear(d_model, mlp_dim, rngs=rngs)
@@ -59,7 +59,7 @@ class TransformerLM(nnx.Module):
     vocab_size: number of token ids.
     d_model, num_heads, num_layers, mlp_dim: the usual sizes.
     encoding: a registry name ('none', 'sinusoidal', 'learned', 'rope', 'alibi', …).
-    max_length: positions the model must handle; sizes a learned table (its
+    max_positions: positions the model must handle; sizes a learned table (its
       rows past the training lengths are never trained — which is what a
       length-extrapolation study measures).
     num_kv_heads, sliding_window, implementation: see `MultiHeadAttention`
@@ -68,17 +68,15 @@ class TransformerLM(nnx.Module):
     rngs: `nnx.Rngs` for the parameters.
   """
 
-  batch_layout = 'decoder_only'
-
   def __init__(self, *, vocab_size: int, d_model: int, num_heads: int,
-               num_layers: int, mlp_dim: int, encoding: str,
-               max_length: Optional[int], num_kv_heads: Optional[int] = None,
+               num_layers: int, mlp_dim: int, encoding: str = 'none',
+               max_positions: Optional[int] = None, num_kv_heads: Optional[int] = None,
                sliding_window: Optional[int] = None, implementation: str = 'auto',
                encoding_options: Optional[dict] = None, rngs: nnx.Rngs):
     self.embed = nnx.Embed(vocab_size, d_model,
                            embedding_init=nnx.initializers.normal(1.0), rngs=rngs)
     self.positional = make_encoding(encoding, d_model=d_model, num_heads=num_heads,
-                                    max_length=max_length, causal=True, rngs=rngs,
+                                    max_positions=max_positions, causal=True, rngs=rngs,
                                     **(encoding_options or {}))
     self.blocks = nnx.List([
         Block(d_model, num_heads, mlp_dim, self.positional, rngs=rngs,
@@ -108,9 +106,9 @@ class TransformerLM(nnx.Module):
     logits = self.unembed(self.final_norm(x)).astype(jnp.float32)
     return (logits, all_weights) if return_weights else logits
 
-  def init_cache(self, batch_size: int, max_length: int, dtype=jnp.float32) -> list:
+  def init_cache(self, batch_size: int, cache_size: int, dtype=jnp.float32) -> list:
     """One empty key/value cache per block, for `extend`."""
-    return [block.attention.init_cache(batch_size, max_length, dtype)
+    return [block.attention.init_cache(batch_size, cache_size, dtype)
             for block in self.blocks]
 
   def extend(self, tokens: jax.Array, cache: list, start, *,
@@ -132,23 +130,6 @@ class TransformerLM(nnx.Module):
       x, layer_cache = block.extend(x, layer_cache, start, positions)
       new_cache.append(layer_cache)
     return self.unembed(self.final_norm(x)).astype(jnp.float32), new_cache
-
-  def forward_batch(self, batch) -> jax.Array:
-    """Logits aligned with `batch['targets']` (the `decoder_only` layout),
-    at `batch['positions']` when the batch has them (randomized positions)."""
-    return self(batch['inputs'], positions=batch.get('positions'))
-
-  def predict_batch(self, batch) -> jax.Array:
-    """Teacher-forced argmax predictions aligned with `batch['targets']`."""
-    return jnp.argmax(self.forward_batch(batch), -1).astype(jnp.int32)
-
-  def generate_batch(self, batch) -> jax.Array:
-    """Greedy autoregressive predictions aligned with `batch['targets']`:
-    the prompt (up to the first output token) is read, then every token is
-    the model's own previous prediction, with a key/value cache."""
-    prompt_lengths = jnp.argmax(batch['loss_mask'], axis=1) + 1
-    return greedy_predictions(self, batch['inputs'], prompt_lengths,
-                              batch.get('positions'))
 
 
 def greedy_predictions(model: TransformerLM, inputs: jax.Array,

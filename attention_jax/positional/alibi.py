@@ -66,8 +66,8 @@ class ALiBi(PositionalEncoding):
     self.causal = causal
 
   @classmethod
-  def build(cls, *, d_model, num_heads, max_length, causal, rngs):
-    del d_model, max_length, rngs
+  def build(cls, *, d_model, num_heads, max_positions, causal, rngs):
+    del d_model, max_positions, rngs
     return cls(num_heads, causal)
 
   def attention_bias(self, q_positions, k_positions):

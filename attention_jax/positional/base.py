@@ -24,7 +24,7 @@ class PositionalEncoding(nnx.Module):
   """Base class; each hook defaults to "no contribution". Also 'none' (NoPE)."""
 
   #: Largest number of positions the encoding can represent (None: unlimited).
-  max_length: Optional[int] = None
+  max_positions: Optional[int] = None
 
   def add_to_embeddings(self, x: jnp.ndarray, positions: jnp.ndarray) -> jnp.ndarray:
     """x `[B, T, D]`, positions `[T]` or `[B, T]` -> `[B, T, D]`."""
@@ -60,6 +60,6 @@ class NoPE(PositionalEncoding):
   permutation symmetry; Kazemnejad et al. 2023 find it extrapolates well)."""
 
   @classmethod
-  def build(cls, *, d_model, num_heads, max_length, causal, rngs):
-    del d_model, num_heads, max_length, causal, rngs
+  def build(cls, *, d_model, num_heads, max_positions, causal, rngs):
+    del d_model, num_heads, max_positions, causal, rngs
     return cls()

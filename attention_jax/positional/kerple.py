@@ -36,8 +36,8 @@ class KERPLE(PositionalEncoding):
     self.raw_r2 = nnx.Param(jnp.full((num_heads,), _SOFTPLUS_INVERSE_OF_ONE, jnp.float32))
 
   @classmethod
-  def build(cls, *, d_model, num_heads, max_length, causal, rngs):
-    del d_model, max_length, causal, rngs  # symmetric in i - j; no random init
+  def build(cls, *, d_model, num_heads, max_positions, causal, rngs):
+    del d_model, max_positions, causal, rngs  # symmetric in i - j; no random init
     return cls(num_heads)
 
   def attention_bias(self, q_positions, k_positions):

@@ -1,6 +1,6 @@
 """Learned absolute positions (BERT, GPT; lesson 7.4): a trained table.
 
-The table has `max_length` rows and nothing beyond: a position past it is an
+The table has `max_positions` rows and nothing beyond: a position past it is an
 error, raised at trace time when the positions are static (the default
 `arange`) and at run time when they are traced — never the NaN that
 `jnp.take` returns nor the silent clip that indexing does.
@@ -14,49 +14,49 @@ from flax import nnx
 from attention_jax.positional.base import PositionalEncoding
 
 
-def _out_of_range_message(lo: int, hi: int, max_length: int) -> str:
+def _out_of_range_message(lo: int, hi: int, max_positions: int) -> str:
   return (f'positions range over [{lo}, {hi}] but the learned table has '
-          f'max_length={max_length} rows (valid positions 0 … {max_length - 1}); '
+          f'max_positions={max_positions} rows (valid positions 0 … {max_positions - 1}); '
           'size the table to the longest length you will evaluate.')
 
 
-def _raise_if_out_of_range(lo, hi, max_length: int) -> None:
+def _raise_if_out_of_range(lo, hi, max_positions: int) -> None:
   lo, hi = int(lo), int(hi)
-  if lo < 0 or hi >= max_length:
-    raise ValueError(_out_of_range_message(lo, hi, max_length))
+  if lo < 0 or hi >= max_positions:
+    raise ValueError(_out_of_range_message(lo, hi, max_positions))
 
 
 def learned_lookup(table: jnp.ndarray, positions: jnp.ndarray) -> jnp.ndarray:
-  """Rows of `table` `[max_length, D]` at integer `positions` `[...]` -> `[..., D]`."""
-  max_length = table.shape[0]
+  """Rows of `table` `[max_positions, D]` at integer `positions` `[...]` -> `[..., D]`."""
+  max_positions = table.shape[0]
   try:
     concrete = np.asarray(positions)  # static positions: check at trace time
   except jax.errors.TracerArrayConversionError:
     concrete = None
   if concrete is None:
     jax.debug.callback(
-        _raise_if_out_of_range, positions.min(), positions.max(), max_length)
+        _raise_if_out_of_range, positions.min(), positions.max(), max_positions)
   elif concrete.size:
-    _raise_if_out_of_range(concrete.min(), concrete.max(), max_length)
+    _raise_if_out_of_range(concrete.min(), concrete.max(), max_positions)
   return jnp.take(table, positions, axis=0)
 
 
 class Learned(PositionalEncoding):
   """'learned': adds `table[positions]`; the table is an `nnx.Param`."""
 
-  def __init__(self, max_length: int, d_model: int, *, rngs: nnx.Rngs,
+  def __init__(self, max_positions: int, d_model: int, *, rngs: nnx.Rngs,
                stddev: float = 0.02):
-    if max_length is None or max_length < 1:
+    if max_positions is None or max_positions < 1:
       raise ValueError(
-          f"the 'learned' encoding needs max_length >= 1, got {max_length}.")
-    self.max_length = max_length
+          f"the 'learned' encoding needs max_positions >= 1, got {max_positions}.")
+    self.max_positions = max_positions
     self.table = nnx.Param(
-        nnx.initializers.normal(stddev)(rngs.params(), (max_length, d_model)))
+        nnx.initializers.normal(stddev)(rngs.params(), (max_positions, d_model)))
 
   @classmethod
-  def build(cls, *, d_model, num_heads, max_length, causal, rngs, stddev=0.02):
+  def build(cls, *, d_model, num_heads, max_positions, causal, rngs, stddev=0.02):
     del num_heads, causal
-    return cls(max_length, d_model, rngs=rngs, stddev=stddev)
+    return cls(max_positions, d_model, rngs=rngs, stddev=stddev)
 
   def add_to_embeddings(self, x, positions):
     return x + learned_lookup(self.table[...], positions).astype(x.dtype)

@@ -48,7 +48,7 @@ def make_encoding(
     *,
     d_model: int,
     num_heads: int,
-    max_length: Optional[int] = None,
+    max_positions: Optional[int] = None,
     causal: bool = True,
     rngs: Optional[nnx.Rngs] = None,
     **options,
@@ -59,7 +59,7 @@ def make_encoding(
     name: one of `ENCODINGS`.
     d_model: model width (absolute encodings add vectors of this size).
     num_heads: attention heads (head_dim = d_model // num_heads; ALiBi slopes).
-    max_length: number of positions a table must hold ('learned').
+    max_positions: number of positions a table must hold ('learned').
     causal: whether attention is causal (ALiBi's bias differs).
     rngs: for encodings with parameters.
     **options: encoding-specific keywords, e.g. `base=` for 'rope'.
@@ -72,7 +72,7 @@ def make_encoding(
         f'num_heads={num_heads} does not divide d_model={d_model}.')
   try:
     return ENCODINGS[name].build(
-        d_model=d_model, num_heads=num_heads, max_length=max_length,
+        d_model=d_model, num_heads=num_heads, max_positions=max_positions,
         causal=causal, rngs=rngs, **options)
   except TypeError as e:
     if 'unexpected keyword' not in str(e):

@@ -120,12 +120,12 @@ class RoPE(PositionalEncoding):
     self.head_dim = head_dim
     self.base = base
     # Static (part of the graph): set it to evaluate with context extension,
-    # e.g. through `attention_jax.evaluate.rope_scaled`.
+    # e.g. through `attention_jax.lab.evaluate.rope_scaled`.
     self.scaling = scaling
 
   @classmethod
-  def build(cls, *, d_model, num_heads, max_length, causal, rngs, base=10000.0):
-    del max_length, causal, rngs
+  def build(cls, *, d_model, num_heads, max_positions, causal, rngs, base=10000.0):
+    del max_positions, causal, rngs
     return cls(d_model // num_heads, base)
 
   def rotate_queries_keys(self, q, k, q_positions, k_positions):

@@ -44,8 +44,8 @@ class Sinusoidal(PositionalEncoding):
     self.base = base
 
   @classmethod
-  def build(cls, *, d_model, num_heads, max_length, causal, rngs, base=10000.0):
-    del num_heads, max_length, causal, rngs
+  def build(cls, *, d_model, num_heads, max_positions, causal, rngs, base=10000.0):
+    del num_heads, max_positions, causal, rngs
     return cls(d_model, base)
 
   def add_to_embeddings(self, x, positions):

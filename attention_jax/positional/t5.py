@@ -55,9 +55,9 @@ class T5RelativeBias(PositionalEncoding):
         nnx.initializers.normal(stddev)(rngs.params(), (num_buckets, num_heads)))
 
   @classmethod
-  def build(cls, *, d_model, num_heads, max_length, causal, rngs, num_buckets=32,
+  def build(cls, *, d_model, num_heads, max_positions, causal, rngs, num_buckets=32,
             max_distance=128):
-    del d_model, max_length
+    del d_model, max_positions
     return cls(num_heads, causal=causal, num_buckets=num_buckets,
                max_distance=max_distance, rngs=rngs)
 

@@ -11,38 +11,11 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
-import optax
 from flax import nnx
 
-from attention_jax import tasks
-
-
-def prediction_metrics(predictions: jax.Array, batch: dict[str, jax.Array],
-                       per_example: bool = False) -> dict[str, jax.Array]:
-  """Accuracies of int `predictions` `[B, T]` over the output tokens
-  (`batch['loss_mask']`): token_accuracy, and exact_match, the fraction of
-  sequences with every output token right (under teacher forcing the same as
-  greedy decoding getting it all right). `per_example`: instead, `exact`,
-  bool `[B]`, whether each sequence is entirely right."""
-  mask = batch['loss_mask']
-  num_tokens = jnp.maximum(mask.sum().astype(jnp.float32), 1.0)
-  correct = (predictions == batch['targets']) | ~mask
-  if per_example:
-    return dict(exact=jnp.all(correct, axis=-1))
-  return dict(
-      token_accuracy=jnp.sum((correct & mask).astype(jnp.float32)) / num_tokens,
-      exact_match=jnp.mean(jnp.all(correct, axis=-1).astype(jnp.float32)),
-  )
-
-
-def masked_metrics(logits: jax.Array, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
-  """Loss (mean cross-entropy per output token) and the teacher-forced
-  `prediction_metrics` of `logits` `[B, T, V]`."""
-  weight = batch['loss_mask'].astype(jnp.float32)
-  losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch['targets'])
-  metrics = prediction_metrics(jnp.argmax(logits, -1), batch)
-  metrics['loss'] = jnp.sum(losses * weight) / jnp.maximum(weight.sum(), 1.0)
-  return metrics
+from attention_jax.lab import models
+from attention_jax.lab import tasks
+from attention_jax.lab.scoring import masked_metrics
 
 
 def _global_norm(tree) -> jax.Array:
@@ -55,7 +28,7 @@ def train_step(graphdef: nnx.GraphDef, state: nnx.State,
   model, optimizer = nnx.merge(graphdef, state)
 
   def loss_fn(model):
-    metrics = masked_metrics(model.forward_batch(batch), batch)
+    metrics = masked_metrics(models.forward_batch(model, batch), batch)
     return metrics['loss'], metrics
 
   grads, metrics = nnx.grad(loss_fn, has_aux=True)(model)
@@ -101,9 +74,3 @@ def step_function(*, graphdef: nnx.GraphDef, task: tasks.Task, batch_size: int,
 
   return jax.jit(step_fn, donate_argnums=0)
 
-
-def compiled_step(state: nnx.State, step: jax.Array, seed: jax.Array, **static
-                  ) -> tuple[nnx.State, dict[str, jax.Array]]:
-  """One call of `step_function(**static)`: convenient, but it hashes the
-  static arguments on every call; loops should fetch the function once."""
-  return step_function(**static)(state, step, seed)

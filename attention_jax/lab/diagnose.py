@@ -16,16 +16,16 @@ from typing import Callable
 import ml_collections
 import numpy as np
 
-from attention_jax import evaluate
-from attention_jax import tasks
-from attention_jax.plots import plot_attention_maps
-from attention_jax.plots import plot_entropy
-from attention_jax.study import run_configs
-from attention_jax.study import run_directory
-from attention_jax.study import run_label
-from attention_jax.train import train
-from attention_jax.train.loop import randomized_max_position
-from attention_jax.validate import validate_config
+from attention_jax.lab import evaluate
+from attention_jax.lab import models
+from attention_jax.lab import tasks
+from attention_jax.lab.plots import plot_attention_maps
+from attention_jax.lab.plots import plot_entropy
+from attention_jax.lab.study import run_configs
+from attention_jax.lab.study import run_directory
+from attention_jax.lab.study import run_label
+from attention_jax.lab.train import train
+from attention_jax.lab.validate import validate_config
 
 
 def run_diagnostics(config: ml_collections.ConfigDict, workdir: str, *,
@@ -45,7 +45,8 @@ def run_diagnostics(config: ml_collections.ConfigDict, workdir: str, *,
   for c in runs:
     label = run_label(c)
     model, _ = train(c, run_directory(workdir, c), progress=config.progress)
-    max_position = randomized_max_position(c) if c.pe.randomized_eval == 'random' else 0
+    max_position = (models.randomized_max_position(c)
+                    if c.positions.randomized_eval == 'random' else 0)
     batches = {n: evaluate.copy_examples(task, n, num_examples, vocab_size=c.task.vocab_size,
                                          seed=c.eval.seed, max_position=max_position)
                for n in (train_max, long)}

@@ -17,19 +17,17 @@ import optax
 from flax import nnx
 
 import attention_jax
-from attention_jax import results
-from attention_jax import tasks
-from attention_jax.evaluate import default_eval_lengths
-from attention_jax.evaluate import evaluate_lengths
-from attention_jax.evaluate import rope_scaled
+from attention_jax.lab import results
+from attention_jax.lab import tasks
+from attention_jax.lab.evaluate import default_eval_lengths
+from attention_jax.lab.evaluate import evaluate_lengths
+from attention_jax.lab.evaluate import rope_scaled
+from attention_jax.lab import models
 from attention_jax.positional import RopeScaling
-from attention_jax.positional import parse_encoding_spec
-from attention_jax.plots import plot_extrapolation
-from attention_jax.train import make_optimizer
-from attention_jax.train import train
-from attention_jax.train.loop import longest_sequence
-from attention_jax.train.loop import randomized_max_position
-from attention_jax.validate import validate_config
+from attention_jax.lab.plots import plot_extrapolation
+from attention_jax.lab.train import make_optimizer
+from attention_jax.lab.train import train
+from attention_jax.lab.validate import validate_config
 
 
 OnTrained = Callable[[nnx.Module, ml_collections.ConfigDict, str], None]
@@ -61,8 +59,8 @@ def run_one(config: ml_collections.ConfigDict, workdir: str,
     on_trained(model, config, workdir)
   start = time.perf_counter()
   is_transformer = config.model.kind == 'transformer'
-  max_position = (randomized_max_position(config)
-                  if config.pe.randomized_eval == 'random' else 0)
+  max_position = (models.randomized_max_position(config)
+                  if config.positions.randomized_eval == 'random' else 0)
   rows = []
   for label, scaling in evaluation_variants(config):
     with rope_scaled(model, scaling):
@@ -111,20 +109,19 @@ def run_label(config: ml_collections.ConfigDict) -> str:
   'seq2seq_attention') of anything else."""
   if config.model.kind != 'transformer':
     return config.model.kind
-  return config.model.encoding + (':randomized' if config.pe.randomized else '')
+  return config.model.encoding
 
 
 def evaluation_variants(config: ml_collections.ConfigDict) -> list[tuple[str, Optional[RopeScaling]]]:
   """(label, RoPE scaling) per evaluation of a trained model: the model as
   trained, then, for plain 'rope' models, each of `config.eval.rope_scalings`
-  (label 'rope+METHOD'), with factor `config.pe.rope_scale_factor` (0: longest
+  (label 'rope+METHOD'), with factor `config.eval.rope_scale_factor` (0: longest
   evaluated / longest training sequence) and L the longest training sequence."""
   variants = [(run_label(config), None)]
-  if (config.model.kind == 'transformer' and config.model.encoding == 'rope'
-      and not config.pe.randomized):
+  if config.model.kind == 'transformer' and config.model.encoding == 'rope':
     train_tokens = tasks.tokens_read(tasks.get_task(config.task.name),
                                      config.task.train_max_length)
-    factor = config.pe.rope_scale_factor or longest_sequence(config) / train_tokens
+    factor = config.eval.rope_scale_factor or models.longest_sequence(config) / train_tokens
     for method in config.eval.rope_scalings:
       variants.append((f'rope+{method}', RopeScaling(method, factor, train_tokens)))
   return variants
@@ -138,12 +135,10 @@ def run_configs(config: ml_collections.ConfigDict) -> list[ml_collections.Config
     for kind in config.study.models:
       encodings = config.study.encodings if kind == 'transformer' else ('none',)
       for spec in encodings:
-        encoding, randomized = parse_encoding_spec(spec)
         for seed in config.study.seeds:
           c = ml_collections.ConfigDict(config.to_dict())
           c.task.name, c.model.kind, c.model.encoding, c.train.seed = (
-              task, kind, encoding, seed)
-          c.pe.randomized = randomized
+              task, kind, spec, seed)
           runs.append(c)
   return runs
 

@@ -6,13 +6,13 @@ Each failure is one `ValueError` naming the key, its value and what is allowed.
 import jax
 import ml_collections
 
-from attention_jax import tasks
+from attention_jax.lab import tasks
 from attention_jax.nn.additive import SCORES
 from attention_jax.positional import parse_encoding_spec
 from attention_jax.positional.rope import SCALINGS
-from attention_jax.train.loop import MODEL_KINDS
-from attention_jax.train.loop import longest_sequence
-from attention_jax.train.loop import randomized_max_position
+from attention_jax.lab.models import MODEL_KINDS
+from attention_jax.lab.models import longest_sequence
+from attention_jax.lab.models import randomized_max_position
 
 
 def _require(ok: bool, message: str) -> None:
@@ -70,8 +70,7 @@ def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -
 
   _require(m.d_model % m.num_heads == 0,
            f'model.num_heads={m.num_heads} must divide model.d_model={m.d_model}.')
-  specs = config.study.encodings if study else (
-      m.encoding + (':randomized' if config.pe.randomized else ''),)
+  specs = config.study.encodings if study else (m.encoding,)
   parsed = []
   for spec in specs:
     try:
@@ -85,31 +84,33 @@ def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -
            '(or be 0 = num_heads).')
   _require(m.sliding_window >= 0, f'model.sliding_window={m.sliding_window} must be >= 0 (0 = off).')
   _check_names(config.eval.rope_scalings, SCALINGS, 'eval.rope_scalings')
-  _require(config.pe.rope_scale_factor >= 0,
-           f'pe.rope_scale_factor={config.pe.rope_scale_factor} must be > 0 (or 0 = auto).')
-  _check_names((config.pe.randomized_eval,), ('random', 'contiguous'), 'pe.randomized_eval')
+  _require(ev.rope_scale_factor >= 0,
+           f'eval.rope_scale_factor={ev.rope_scale_factor} must be > 0 (or 0 = auto).')
+  _check_names((config.positions.randomized_eval,), ('random', 'contiguous'),
+               'positions.randomized_eval')
   if randomized:
     for name in task_names:
       c = config.copy_and_resolve_references()
-      c.task.name, c.pe.randomized = name, True
+      c.task.name, c.model.kind = name, 'transformer'
+      c.model.encoding = next(spec for spec, (_, r) in zip(specs, parsed) if r)
       needed = longest_sequence(c)
       _require(randomized_max_position(c) >= needed,
-               f'pe.max_position={config.pe.max_position} is below the {needed} positions '
+               f'positions.max_position={config.positions.max_position} is below the {needed} positions '
                f'the model reads at eval.max_length={ev.max_length} on {name!r}; '
-               f'set pe.max_position >= {needed} or 0 (auto).')
-      if m.max_length and 'learned' in encodings:
-        _require(m.max_length >= randomized_max_position(c),
-                 f"model.max_length={m.max_length} is shorter than the randomized range "
+               f'set positions.max_position >= {needed} or 0 (auto).')
+      if m.max_positions and 'learned' in encodings:
+        _require(m.max_positions >= randomized_max_position(c),
+                 f"model.max_positions={m.max_positions} is shorter than the randomized range "
                  f'[0, {randomized_max_position(c)}) of a learned table; set it to 0 (auto).')
   if 'rope' in encodings:
     head_dim = m.d_model // m.num_heads
     _require(head_dim % 2 == 0,
              f"'rope' needs an even head_dim; model.d_model // model.num_heads = {head_dim}.")
   # A learned table must hold the longest evaluation sequence.
-  if m.max_length and 'learned' in encodings:
+  if m.max_positions and 'learned' in encodings:
     for name in task_names:
       needed = tasks.tokens_read(tasks.TASKS[name], ev.max_length)
-      _require(m.max_length >= needed,
-               f"model.max_length={m.max_length} is too short for 'learned' at "
+      _require(m.max_positions >= needed,
+               f"model.max_positions={m.max_positions} is too short for 'learned' at "
                f'eval.max_length={ev.max_length} on {name!r}: the model reads '
-               f'{needed} positions; set model.max_length >= {needed} or 0 (auto).')
+               f'{needed} positions; set model.max_positions >= {needed} or 0 (auto).')

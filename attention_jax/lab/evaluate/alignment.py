@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attention_jax import tasks
+from attention_jax.lab import tasks
 
 
 def seq2seq_alignment(model, task: tasks.Task, length: int, *, vocab_size: int,

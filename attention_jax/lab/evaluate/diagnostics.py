@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from attention_jax import tasks
+from attention_jax.lab import tasks
 
 
 def copy_examples(task: tasks.Task, length: int, num: int, *, vocab_size: int, seed: int,

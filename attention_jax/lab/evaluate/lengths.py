@@ -28,8 +28,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from attention_jax import tasks
-from attention_jax.train.step import prediction_metrics
+from attention_jax.lab import models
+from attention_jax.lab import tasks
+from attention_jax.lab.scoring import prediction_metrics
 
 
 def default_eval_lengths(train_max: int, eval_max: int) -> list[int]:
@@ -67,19 +68,20 @@ def _evaluate_batch(state, key, n, *, graphdef, task: tasks.Task, bucket: int,
                     generate: bool = False) -> dict[str, jax.Array]:
   """Metrics on `num_samples` sequences of input length `n` (traced) padded
   to `bucket`: one compilation per bucket, shared by models of one shape.
-  Predictions are the model's `predict_batch`: teacher-forced argmax for the
+  Predictions are `models.predict_batch`'s: teacher-forced argmax for the
   transformer, greedy decoding for seq2seq models; with `generate`, also
-  `generate_batch`'s. `max_position` > 0: randomized positions."""
+  `models.generate_batch`'s. `max_position` > 0: randomized positions."""
   model = nnx.merge(graphdef, state)
   lengths = jnp.full((num_samples,), n, jnp.int32)
-  batch = tasks.LAYOUTS[model.batch_layout](
+  batch = tasks.LAYOUTS[models.batch_layout(model)](
       task, key, lengths, vocab_size=vocab_size, max_input_length=bucket)
   if max_position:
     batch = tasks.with_random_positions(batch, jax.random.fold_in(key, 2), max_position)
-  predictions = model.predict_batch(batch)
+  predictions = models.predict_batch(model, batch)
   metrics = prediction_metrics(predictions, batch)
   if generate:
-    generated = prediction_metrics(model.generate_batch(batch), batch, per_example=True)
+    generated = prediction_metrics(models.generate_batch(model, batch), batch,
+                                   per_example=True)
     metrics['generated_exact_match'] = jnp.mean(generated['exact'].astype(jnp.float32))
     teacher = prediction_metrics(predictions, batch, per_example=True)
     metrics['generation_agreement'] = jnp.mean(

@@ -19,66 +19,15 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from attention_jax import tasks
-from attention_jax.nn.seq2seq import Seq2Seq
-from attention_jax.nn.transformer import TransformerLM
-from attention_jax.train.checkpoint import Checkpointer
-from attention_jax.train.interrupt import TrainingInterrupted
-from attention_jax.train.interrupt import stop_requests
-from attention_jax.train.metrics import MetricsWriter
-from attention_jax.train.optimizer import learning_rate_schedule
-from attention_jax.train.optimizer import make_optimizer
-from attention_jax.train.step import step_function
-
-MODEL_KINDS = ('transformer', 'seq2seq', 'seq2seq_attention')
-
-
-def longest_sequence(config: ml_collections.ConfigDict) -> int:
-  """Tokens the model reads at the longest evaluated input."""
-  return tasks.tokens_read(tasks.get_task(config.task.name), config.eval.max_length)
-
-
-def randomized_max_position(config: ml_collections.ConfigDict) -> int:
-  """Randomized positions are drawn from [0, this); 0 when not randomized."""
-  if not config.pe.randomized:
-    return 0
-  return config.pe.max_position or 2 * longest_sequence(config)
-
-
-def model_max_length(config: ml_collections.ConfigDict) -> int:
-  """Positions the model must cover: the longest evaluation sequence (or the
-  randomized range), unless `config.model.max_length` says otherwise
-  (validated elsewhere)."""
-  if config.model.max_length:
-    return config.model.max_length
-  return max(longest_sequence(config), randomized_max_position(config))
-
-
-def encoding_options(config: ml_collections.ConfigDict) -> dict:
-  """The keyword options `config.pe` gives the encoding `config.model.encoding`."""
-  if config.model.encoding == 't5':
-    return dict(num_buckets=config.pe.t5_num_buckets,
-                max_distance=config.pe.t5_max_distance)
-  return {}
-
-
-def build_model(config: ml_collections.ConfigDict, seed: int) -> nnx.Module:
-  """The model `config.model.kind` names, parameters drawn from `seed`."""
-  m = config.model
-  if m.kind in ('seq2seq', 'seq2seq_attention'):
-    return Seq2Seq(
-        vocab_size=config.task.vocab_size + tasks.NUM_SPECIAL, embed_dim=m.d_model,
-        hidden_dim=m.rnn_hidden_dim, attention=m.kind == 'seq2seq_attention',
-        bidirectional=m.bidirectional, score=m.attention_score,
-        rngs=nnx.Rngs(params=seed))
-  return TransformerLM(
-      vocab_size=config.task.vocab_size + tasks.NUM_SPECIAL, d_model=m.d_model,
-      num_heads=m.num_heads, num_layers=m.num_layers, mlp_dim=m.mlp_dim,
-      encoding=m.encoding, max_length=model_max_length(config),
-      num_kv_heads=m.num_kv_heads or None, sliding_window=m.sliding_window or None,
-      implementation=m.attention_implementation,
-      encoding_options=encoding_options(config), rngs=nnx.Rngs(params=seed))
-
+from attention_jax.lab import models
+from attention_jax.lab import tasks
+from attention_jax.lab.train.checkpoint import Checkpointer
+from attention_jax.lab.train.interrupt import TrainingInterrupted
+from attention_jax.lab.train.interrupt import stop_requests
+from attention_jax.lab.train.metrics import MetricsWriter
+from attention_jax.lab.train.optimizer import learning_rate_schedule
+from attention_jax.lab.train.optimizer import make_optimizer
+from attention_jax.lab.train.step import step_function
 
 def data_mesh() -> jax.sharding.Mesh:
   """A 1-D mesh 'data' over every device (all hosts' with jax.distributed).
@@ -112,7 +61,7 @@ def train(config: ml_collections.ConfigDict, workdir: Optional[str] = None,
   """
   t_cfg = config.train
   task = tasks.get_task(config.task.name)
-  model = build_model(config, t_cfg.seed)
+  model = models.build_model(config, t_cfg.seed)
   optimizer = nnx.Optimizer(model, tx or make_optimizer(t_cfg), wrt=nnx.Param)
   graphdef, state = nnx.split((model, optimizer))
   mesh = data_mesh()
@@ -122,8 +71,8 @@ def train(config: ml_collections.ConfigDict, workdir: Optional[str] = None,
       graphdef=graphdef, task=task,
       batch_size=t_cfg.batch_size, min_length=config.task.train_min_length,
       max_length=config.task.train_max_length, vocab_size=config.task.vocab_size,
-      layout=model.batch_layout, data_sharding=NamedSharding(mesh, P('data')),
-      max_position=randomized_max_position(config), steps_per_call=t_cfg.steps_per_call)
+      layout=models.batch_layout(model), data_sharding=NamedSharding(mesh, P('data')),
+      max_position=models.randomized_max_position(config), steps_per_call=t_cfg.steps_per_call)
   step_fn = lambda state, step: jitted(state, step, seed)
   k = t_cfg.steps_per_call  # steps per call; validated to divide every interval
   schedule = learning_rate_schedule(t_cfg)

@@ -1,6 +1,7 @@
 """Process set-up shared by the experiment entry points."""
 
 import contextlib
+import importlib
 import logging as std_logging
 import os
 import sys
@@ -9,7 +10,7 @@ import jax
 import ml_collections
 from absl import logging
 
-from attention_jax.train.interrupt import TrainingInterrupted
+from attention_jax.lab.train.interrupt import TrainingInterrupted
 
 GPU_DETERMINISM_FLAG = '--xla_gpu_deterministic_ops=true'
 
@@ -32,12 +33,17 @@ def entry_point(config: ml_collections.ConfigDict):
     deterministic without it.
   * `config.distributed`: `jax.distributed.initialize()` for multi-host runs
     (coordinator and process ids from the environment, as on Cloud TPU/SLURM).
+  * `config.imports`: modules imported first, e.g. one that registers its own
+    encoding with `attention_jax.register_encoding`, so that the config can
+    name it.
   """
   std_logging.getLogger('absl').addFilter(_QuietLibraries())
   if config.deterministic_gpu and GPU_DETERMINISM_FLAG not in os.environ.get('XLA_FLAGS', ''):
     os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + ' ' + GPU_DETERMINISM_FLAG).strip()
   if config.distributed:
     jax.distributed.initialize()
+  for module in config.get('imports', ()):
+    importlib.import_module(module)
   try:
     yield
   except TrainingInterrupted as e:

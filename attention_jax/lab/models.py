@@ -1,0 +1,118 @@
+"""Config -> model, and the adapters between the tasks' batch dicts and the
+library's array-in, array-out models.
+
+The library's models take token arrays; the tasks produce batch dicts in one
+of two layouts (`tasks.LAYOUTS`): 'decoder_only' (`inputs`, `targets`,
+`loss_mask`, optional `positions`) for `TransformerLM`, 'seq2seq' (`source`,
+`source_mask`, `decoder_inputs`, `targets`, `loss_mask`) for `Seq2Seq`. The
+functions here are the only place that knows both.
+"""
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from flax import nnx
+
+from attention_jax.lab import tasks
+from attention_jax.nn.seq2seq import Seq2Seq
+from attention_jax.nn.transformer import TransformerLM
+from attention_jax.nn.transformer import greedy_predictions
+from attention_jax.positional import parse_encoding_spec
+
+MODEL_KINDS = ('transformer', 'seq2seq', 'seq2seq_attention')
+
+
+def encoding_name(config: ml_collections.ConfigDict) -> str:
+  """The registry name in `config.model.encoding` ('NAME' or 'NAME:randomized')."""
+  return parse_encoding_spec(config.model.encoding)[0]
+
+
+def is_randomized(config: ml_collections.ConfigDict) -> bool:
+  """Whether the run trains on randomized positions ('NAME:randomized')."""
+  return (config.model.kind == 'transformer'
+          and parse_encoding_spec(config.model.encoding)[1])
+
+
+def longest_sequence(config: ml_collections.ConfigDict) -> int:
+  """Tokens the model reads at the longest evaluated input."""
+  return tasks.tokens_read(tasks.get_task(config.task.name), config.eval.max_length)
+
+
+def randomized_max_position(config: ml_collections.ConfigDict) -> int:
+  """Randomized positions are drawn from [0, this); 0 when not randomized."""
+  if not is_randomized(config):
+    return 0
+  return config.positions.max_position or 2 * longest_sequence(config)
+
+
+def model_max_positions(config: ml_collections.ConfigDict) -> int:
+  """Positions the model must cover: the longest evaluation sequence (or the
+  randomized range), unless `config.model.max_positions` says otherwise
+  (validated elsewhere)."""
+  if config.model.max_positions:
+    return config.model.max_positions
+  return max(longest_sequence(config), randomized_max_position(config))
+
+
+def encoding_options(config: ml_collections.ConfigDict) -> dict:
+  """The keyword options `config.model.encoding_options.NAME` gives the
+  encoding NAME (none when the group has no entry for it)."""
+  options = config.model.encoding_options.get(encoding_name(config))
+  return {} if options is None else dict(options)
+
+
+def build_model(config: ml_collections.ConfigDict, seed: int) -> nnx.Module:
+  """The model `config.model.kind` names, parameters drawn from `seed`."""
+  m = config.model
+  vocab_size = config.task.vocab_size + tasks.NUM_SPECIAL
+  if m.kind in ('seq2seq', 'seq2seq_attention'):
+    return Seq2Seq(
+        vocab_size=vocab_size, embed_dim=m.d_model, hidden_dim=m.rnn_hidden_dim,
+        attention=m.kind == 'seq2seq_attention', start_token=tasks.BOS,
+        bidirectional=m.bidirectional, score=m.attention_score,
+        rngs=nnx.Rngs(params=seed))
+  return TransformerLM(
+      vocab_size=vocab_size, d_model=m.d_model, num_heads=m.num_heads,
+      num_layers=m.num_layers, mlp_dim=m.mlp_dim, encoding=encoding_name(config),
+      max_positions=model_max_positions(config),
+      num_kv_heads=m.num_kv_heads or None, sliding_window=m.sliding_window or None,
+      implementation=m.attention_implementation,
+      encoding_options=encoding_options(config), rngs=nnx.Rngs(params=seed))
+
+
+def batch_layout(model: nnx.Module) -> str:
+  """The `tasks.LAYOUTS` key of the batches `model` reads."""
+  if isinstance(model, Seq2Seq):
+    return 'seq2seq'
+  if isinstance(model, TransformerLM):
+    return 'decoder_only'
+  raise TypeError(f'no batch layout for a {type(model).__name__}; '
+                  'expected a TransformerLM or a Seq2Seq.')
+
+
+def forward_batch(model: nnx.Module, batch: dict[str, jax.Array]) -> jax.Array:
+  """Teacher-forced logits `[B, T, V]` aligned with `batch['targets']` (at
+  `batch['positions']` when the batch has them: randomized positions)."""
+  if isinstance(model, Seq2Seq):
+    return model(batch['source'], batch['source_mask'], batch['decoder_inputs'])
+  return model(batch['inputs'], positions=batch.get('positions'))
+
+
+def predict_batch(model: nnx.Module, batch: dict[str, jax.Array]) -> jax.Array:
+  """int32 predictions aligned with `batch['targets']`: the transformer's
+  teacher-forced argmax, a seq2seq model's greedy decoding."""
+  if isinstance(model, Seq2Seq):
+    return model.greedy_decode(batch['source'], batch['source_mask'],
+                               batch['targets'].shape[1])
+  return jnp.argmax(forward_batch(model, batch), -1).astype(jnp.int32)
+
+
+def generate_batch(model: nnx.Module, batch: dict[str, jax.Array]) -> jax.Array:
+  """Greedy autoregressive predictions aligned with `batch['targets']`: the
+  prompt (up to the first output token) is read, then every token is the
+  model's own previous prediction (with the key/value cache for the
+  transformer; a seq2seq model's `predict_batch` already decodes greedily)."""
+  if isinstance(model, Seq2Seq):
+    return predict_batch(model, batch)
+  prompt_lengths = jnp.argmax(batch['loss_mask'], axis=1) + 1
+  return greedy_predictions(model, batch['inputs'], prompt_lengths, batch.get('positions'))
