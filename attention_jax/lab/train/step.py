@@ -42,7 +42,8 @@ def train_step(graphdef: nnx.GraphDef, state: nnx.State,
 def step_function(*, graphdef: nnx.GraphDef, task: tasks.Task, batch_size: int,
                   min_length: int, max_length: int, vocab_size: int, layout: str,
                   data_sharding: Optional[jax.sharding.Sharding] = None,
-                  max_position: int = 0, steps_per_call: int = 1):
+                  max_position: int = 0, steps_per_call: int = 1,
+                  vmap_seeds: bool = False):
   """`(state, step, seed) -> (state, metrics)`: steps `step … step +
   steps_per_call - 1`, each generating its batch of `seed` on device and
   applying `train_step`, in one XLA program (a `lax.scan`), the state donated.
@@ -57,6 +58,10 @@ def step_function(*, graphdef: nnx.GraphDef, task: tasks.Task, batch_size: int,
   are traced. With `data_sharding`, the batch is laid out along it (data
   parallelism: XLA partitions the step and all-reduces the gradients).
   `max_position` > 0 trains on randomized positions (`tasks.train_batch`).
+
+  `vmap_seeds`: the state carries a leading seed axis `[S, ...]` and `seed`
+  is int32 `[S]`; each seed steps on its own batch stream, all in one
+  program (`jax.vmap` over the seed axis), metrics `[steps_per_call, S]`.
   """
 
   def one_step(state, step, seed):
@@ -68,9 +73,11 @@ def step_function(*, graphdef: nnx.GraphDef, task: tasks.Task, batch_size: int,
       batch = jax.lax.with_sharding_constraint(batch, data_sharding)
     return train_step(graphdef, state, batch)
 
+  body = jax.vmap(one_step, in_axes=(0, None, 0)) if vmap_seeds else one_step
+
   def step_fn(state, step, seed):
     offsets = jnp.arange(steps_per_call, dtype=jnp.int32)
-    return jax.lax.scan(lambda s, i: one_step(s, step + i, seed), state, offsets)
+    return jax.lax.scan(lambda s, i: body(s, step + i, seed), state, offsets)
 
   return jax.jit(step_fn, donate_argnums=0)
 
