@@ -86,6 +86,7 @@ def get_config(arg=None):
   c.positions = ml_collections.ConfigDict()  # NAME:randomized encodings only
   c.positions.max_position = 0  # randomized positions come from [0, max_position); 0 = 2 × the longest eval sequence
   c.positions.randomized_eval = 'random'  # evaluation positions: random (as trained) | contiguous (0 … T-1)
+  c.positions.draw = 'per_example'  # per_example (ours) | per_batch (the official code: one sorted sample shared by the batch)
 
   c.train = ml_collections.ConfigDict()
   c.train.seed = 0  # parameters and the training data stream

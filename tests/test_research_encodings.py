@@ -97,18 +97,6 @@ class RopeScalingTest(parameterized.TestCase):
     np.testing.assert_allclose(ntk[0], plain[0])
     np.testing.assert_allclose(ntk[-1], plain[-1] / 8.0, rtol=1e-12)
 
-  def test_yarn_ramp_and_temperature(self):
-    s, length = 8.0, 1000
-    plain = pe.rope_frequencies(64)
-    yarn, mult = pe.scaled_rope_frequencies(64, 10000.0, pe.RopeScaling('yarn', s, length))
-    rotations = length * plain / (2 * np.pi)
-    np.testing.assert_allclose(yarn[rotations > 32], plain[rotations > 32])
-    np.testing.assert_allclose(yarn[rotations < 1], plain[rotations < 1] / s)
-    between = (rotations > 1) & (rotations < 32)
-    self.assertTrue(between.any())
-    self.assertTrue(np.all((yarn[between] < plain[between]) & (yarn[between] > plain[between] / s)))
-    self.assertAlmostEqual(mult, 0.1 * math.log(s) + 1)
-
   def test_rope_scaled_sets_and_restores_every_layer(self):
     model = aj.TransformerLM(vocab_size=8, d_model=16, num_heads=2, num_layers=2, mlp_dim=16,
                              encoding='rope', max_positions=None, rngs=nnx.Rngs(0))
@@ -124,12 +112,6 @@ class RopeScalingTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, "RoPE scaling 'pi' asked for a model without RoPE"):
       with rope_scaled(alibi, pe.RopeScaling('pi', 2.0)):
         pass
-
-  def test_bad_scaling_is_a_clear_error(self):
-    with self.assertRaisesRegex(ValueError, "choose one of \\('pi', 'ntk', 'yarn'\\)"):
-      pe.RopeScaling('linear', 2.0)
-    with self.assertRaisesRegex(ValueError, "'yarn' needs original_length >= 1"):
-      pe.RopeScaling('yarn', 2.0)
 
 
 class RandomizedPositionsTest(parameterized.TestCase):

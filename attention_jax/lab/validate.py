@@ -88,6 +88,7 @@ def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -
            f'eval.rope_scale_factor={ev.rope_scale_factor} must be > 0 (or 0 = auto).')
   _check_names((config.positions.randomized_eval,), ('random', 'contiguous'),
                'positions.randomized_eval')
+  _check_names((config.positions.draw,), ('per_example', 'per_batch'), 'positions.draw')
   if randomized:
     for name in task_names:
       c = config.copy_and_resolve_references()

@@ -20,10 +20,29 @@ L with a factor s (typically L_eval / L): positions stay integers and the
          is rotated as m / s;
   'ntk'  NTK-aware scaling (bloc97 2023): base · s^(D / (D - 2)), which leaves
          the fastest frequency alone and interpolates the slowest by ~s;
-  'yarn' YaRN (Peng et al. 2023): per frequency, r = L / wavelength; r < α
-         (α = 1): interpolate (θ/s), r > β (β = 32): keep θ, linear ramp
-         between; plus the attention temperature: q and k are multiplied by
-         0.1 · ln(s) + 1, so the logits by its square.
+  'yarn' YaRN (Peng et al. 2023) as its official code computes it
+         (github.com/jquesnelle/yarn, scaled_rope/LlamaYaRNScaledRotaryEmbedding.py;
+         Hugging Face transformers' `_compute_yarn_parameters` is the same):
+         the ramp is linear in the *dimension index* i = 0 … D/2 - 1, between
+         the correction dimensions of β_fast = 32 and β_slow = 1 rotations
+         over L, d(β) = D · ln(L / (2π β)) / (2 ln base), rounded outwards
+         (low = ⌊d(32)⌋ ≥ 0, high = ⌈d(1)⌉ ≤ D - 1): indices ≤ low keep θ_i,
+         indices ≥ high use θ_i / s, linear between. Attention temperature:
+         the official code multiplies the cos/sin caches by
+         mscale = 0.1 · ln(s) + 1 (1 for s ≤ 1), i.e. q and k are each
+         multiplied by mscale and the logits by mscale².
+  'yarn_paper' the ramp as the paper writes it, γ(r) linear in r = L / wavelength_i
+         (r ≤ β_slow: θ/s, r ≥ β_fast: θ, linear in r between; same
+         temperature). The project's 'yarn' before issue 13. Since r is
+         exponential in i, a ramp linear in r is not linear in i, and the
+         official rounding widens the ramp by up to one index each side.
+         Measured, max over i of |θ_paper,i - θ_official,i| / θ_official,i:
+           head_dim 16, base 1e4, s = 7.2, L = 18 (the copy study): 0.81, at
+             i = 0 only (2.9 turns over L: the official code keeps θ_0, the
+             paper's ramp interpolates it to 0.19 θ_0); i >= 1 agree (θ/s);
+           head_dim 128, base 1e4, s = 4, L = 4096 (Llama-like): 0.42, at
+             i = 34 (paper 0.58 × official); they differ on i = 21 … 45
+             (the ramp zone) and agree outside it.
 """
 
 import dataclasses
@@ -44,27 +63,59 @@ def rope_frequencies(head_dim: int, base: float = 10000.0) -> np.ndarray:
   return base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
 
 
-SCALINGS = ('pi', 'ntk', 'yarn')
+SCALINGS = ('pi', 'ntk', 'yarn', 'yarn_paper')
 
 
 @dataclasses.dataclass(frozen=True)
 class RopeScaling:
   """A context-extension method, its factor s > 0 and (YaRN) the training
-  context length L in tokens."""
+  context length L in tokens (the official code's
+  `original_max_position_embeddings`)."""
   method: str
   factor: float
   original_length: int = 0
-  alpha: float = 1.0  # YaRN: below this many rotations over L, interpolate fully
-  beta: float = 32.0  # YaRN: above this many, keep the frequency
+  beta_fast: float = 32.0  # YaRN: at or above this many rotations over L, keep θ
+  beta_slow: float = 1.0  # YaRN: at or below this many, interpolate fully (θ / s)
 
   def __post_init__(self):
     if self.method not in SCALINGS:
       raise ValueError(f'RoPE scaling method {self.method!r}; choose one of {SCALINGS}.')
     if not self.factor > 0:
       raise ValueError(f'RoPE scaling factor must be > 0, got {self.factor}.')
-    if self.method == 'yarn' and self.original_length < 1:
-      raise ValueError("'yarn' needs original_length >= 1 (the training context "
+    if self.method.startswith('yarn') and self.original_length < 1:
+      raise ValueError(f"{self.method!r} needs original_length >= 1 (the training context "
                        f'length), got {self.original_length}.')
+    if self.method.startswith('yarn') and not 0 < self.beta_slow < self.beta_fast:
+      raise ValueError(f'YaRN needs 0 < beta_slow < beta_fast, got beta_slow='
+                       f'{self.beta_slow}, beta_fast={self.beta_fast}.')
+
+
+def yarn_temperature(factor: float) -> float:
+  """YaRN's q/k multiplier (the official `get_mscale`): 0.1 · ln(s) + 1, and
+  1 for s <= 1. The logits are multiplied by its square."""
+  return 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
+
+
+def _yarn_correction_dim(rotations: float, head_dim: int, base: float, length: int) -> float:
+  """The (fractional) index i at which θ_i makes `rotations` turns over `length`."""
+  return head_dim * math.log(length / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+
+def yarn_ramp(head_dim: int, base: float, scaling: RopeScaling) -> np.ndarray:
+  """Per frequency, the interpolated share `[head_dim // 2]` in [0, 1]
+  (0: keep θ_i, 1: θ_i / s) of 'yarn' (linear in the index, official code)
+  or 'yarn_paper' (linear in the rotations over L)."""
+  if scaling.method == 'yarn_paper':
+    rotations = scaling.original_length * rope_frequencies(head_dim, base) / (2 * math.pi)
+    return np.clip((scaling.beta_fast - rotations) / (scaling.beta_fast - scaling.beta_slow),
+                   0.0, 1.0)
+  low = max(math.floor(_yarn_correction_dim(scaling.beta_fast, head_dim, base,
+                                            scaling.original_length)), 0)
+  high = min(math.ceil(_yarn_correction_dim(scaling.beta_slow, head_dim, base,
+                                            scaling.original_length)), head_dim - 1)
+  if low == high:
+    high += 0.001  # as the official code: no division by zero
+  return np.clip((np.arange(head_dim // 2, dtype=np.float64) - low) / (high - low), 0.0, 1.0)
 
 
 def scaled_rope_frequencies(head_dim: int, base: float,
@@ -80,9 +131,8 @@ def scaled_rope_frequencies(head_dim: int, base: float,
       raise ValueError("'ntk' scaling needs head_dim > 2 (its exponent is D / (D - 2)).")
     return rope_frequencies(head_dim, base * s ** (head_dim / (head_dim - 2))), 1.0
   theta = rope_frequencies(head_dim, base)
-  rotations = scaling.original_length * theta / (2 * math.pi)  # L / wavelength
-  ramp = np.clip((rotations - scaling.alpha) / (scaling.beta - scaling.alpha), 0.0, 1.0)
-  return (1 - ramp) * theta / s + ramp * theta, 0.1 * math.log(s) + 1.0
+  ramp = yarn_ramp(head_dim, base, scaling)
+  return (1 - ramp) * theta + ramp * theta / s, yarn_temperature(s)
 
 
 def apply_rope(x: jnp.ndarray, positions: jnp.ndarray,

@@ -149,19 +149,23 @@ def sample_lengths(key: jax.Array, batch_size: int, min_length: int,
 
 
 def with_random_positions(batch: dict[str, jax.Array], key: jax.Array,
-                          max_position: int) -> dict[str, jax.Array]:
+                          max_position: int, draw: str = 'per_example',
+                          ) -> dict[str, jax.Array]:
   """Adds `positions` `[B, T]`: sorted random positions from [0, max_position)
-  (Ruoss et al. 2023) for the model to read instead of 0 … T-1."""
+  (Ruoss et al. 2023) for the model to read instead of 0 … T-1, one sample
+  per example or, `draw='per_batch'` (the official code), one shared by the
+  batch (`positional.random_positions`)."""
   b, t = batch['inputs'].shape
-  return dict(batch, positions=random_positions(key, b, t, max_position))
+  return dict(batch, positions=random_positions(key, b, t, max_position, draw))
 
 
 def train_batch(task: Task, seed: int, step: jax.Array, *, batch_size: int,
                 min_length: int, max_length: int, vocab_size: int,
                 layout: str = 'decoder_only', max_position: int = 0,
-                ) -> dict[str, jax.Array]:
+                draw: str = 'per_example') -> dict[str, jax.Array]:
   """The training batch of `step` for `seed`: the same on every run. With
-  `max_position` > 0 (decoder-only layout), randomized positions too."""
+  `max_position` > 0 (decoder-only layout), randomized positions too, drawn
+  per example or per batch (`draw`, see `with_random_positions`)."""
   key = jax.random.fold_in(jax.random.key(seed), step)
   length_key, token_key = jax.random.split(key)
   lengths = sample_lengths(length_key, batch_size, min_length, max_length)
@@ -169,5 +173,5 @@ def train_batch(task: Task, seed: int, step: jax.Array, *, batch_size: int,
                           max_input_length=max_length)
   if max_position:
     # A third stream: adding it leaves the tokens of every (seed, step) as they were.
-    batch = with_random_positions(batch, jax.random.fold_in(key, 2), max_position)
+    batch = with_random_positions(batch, jax.random.fold_in(key, 2), max_position, draw)
   return batch
