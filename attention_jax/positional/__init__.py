@@ -7,8 +7,12 @@ from attention_jax.positional.alibi import alibi_slopes
 from attention_jax.positional.angles import rotation_angles
 from attention_jax.positional.base import NoPE
 from attention_jax.positional.base import PositionalEncoding
+from attention_jax.positional.hard_alibi import HardALiBi
+from attention_jax.positional.hard_alibi import hard_alibi_bias
 from attention_jax.positional.learned import Learned
 from attention_jax.positional.learned import learned_lookup
+from attention_jax.positional.learned_window import LearnedWindow
+from attention_jax.positional.learned_window import learned_window_bias
 from attention_jax.positional.registry import ENCODINGS
 from attention_jax.positional.registry import make_encoding
 from attention_jax.positional.registry import parse_encoding_spec

@@ -12,8 +12,10 @@ from flax import nnx
 from attention_jax.positional.alibi import ALiBi
 from attention_jax.positional.base import NoPE
 from attention_jax.positional.base import PositionalEncoding
+from attention_jax.positional.hard_alibi import HardALiBi
 from attention_jax.positional.kerple import KERPLE
 from attention_jax.positional.learned import Learned
+from attention_jax.positional.learned_window import LearnedWindow
 from attention_jax.positional.rope import RoPE
 from attention_jax.positional.sinusoidal import Sinusoidal
 from attention_jax.positional.t5 import T5RelativeBias
@@ -26,10 +28,12 @@ ENCODINGS = {
     'alibi': ALiBi,
     't5': T5RelativeBias,
     'kerple': KERPLE,
+    'hard_alibi': HardALiBi,  # Jelassi et al. 2024: windowed heads + NoPE heads
+    'learned_window': LearnedWindow,  # ours: Hard-ALiBi with trained soft widths
 }
 
 
-MODIFIERS = ('randomized',)
+MODIFIERS = ('randomized', 'coupled')  # coupled: position coupling (Cho et al. 2024), set up by the lab's tasks
 
 
 def parse_encoding_spec(spec: str) -> tuple[str, bool]:
@@ -38,7 +42,7 @@ def parse_encoding_spec(spec: str) -> tuple[str, bool]:
   name, _, modifier = spec.partition(':')
   if name not in ENCODINGS or modifier not in ('',) + MODIFIERS:
     raise ValueError(
-        f'bad encoding {spec!r}: expected NAME or NAME:randomized with NAME one of '
+        f'bad encoding {spec!r}: expected NAME or NAME:MODIFIER ({"|".join(MODIFIERS)}) with NAME one of '
         f'{sorted(ENCODINGS)}.')
   return name, modifier == 'randomized'
 
