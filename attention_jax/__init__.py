@@ -1,10 +1,17 @@
 """attention_jax: attention and positional encodings in JAX/Flax NNX.
 
-The public API is re-exported here; nothing else lives in this file.
+The public API is re-exported here and declared in `__all__`; nothing else
+lives in this file. The lab (`attention_jax.lab`: training and studies) is
+not imported.
 """
 
+from attention_jax import attention
+from attention_jax import nn
 from attention_jax import positional
 from attention_jax.attention import MASK_VALUE
+from attention_jax.attention import DenseBias
+from attention_jax.attention import LinearBias
+from attention_jax.attention import NoBias
 from attention_jax.attention import additive_scores
 from attention_jax.attention import attend
 from attention_jax.attention import attention_mask_from_tokens
@@ -15,6 +22,7 @@ from attention_jax.attention import dot_product_attention
 from attention_jax.attention import dot_scores
 from attention_jax.attention import multi_head_attention
 from attention_jax.attention import padding_mask
+from attention_jax.attention import relative_distance
 from attention_jax.attention import scaled_dot_product_attention
 from attention_jax.attention import sliding_window_mask
 from attention_jax.nn import AdditiveAttention
@@ -22,7 +30,29 @@ from attention_jax.nn import MultiHeadAttention
 from attention_jax.nn import Seq2Seq
 from attention_jax.nn import SelfAttention
 from attention_jax.nn import TransformerLM
+from attention_jax.nn import generate
 from attention_jax.positional import ENCODINGS
+from attention_jax.positional import PositionalEncoding
 from attention_jax.positional import make_encoding
+from attention_jax.positional import parse_encoding_spec
+from attention_jax.positional import register_encoding
 
 __version__ = '0.1.0'
+
+__all__ = [
+    # Pure functions (attention_jax.attention).
+    'MASK_VALUE', 'additive_scores', 'attend', 'attention_mask_from_tokens',
+    'causal_mask', 'chunked_attention', 'combine_masks', 'dot_product_attention',
+    'dot_scores', 'multi_head_attention', 'padding_mask', 'relative_distance',
+    'scaled_dot_product_attention', 'sliding_window_mask',
+    # What an encoding adds to the scores.
+    'DenseBias', 'LinearBias', 'NoBias',
+    # Modules and generation (attention_jax.nn).
+    'AdditiveAttention', 'MultiHeadAttention', 'Seq2Seq', 'SelfAttention',
+    'TransformerLM', 'generate',
+    # Positional encodings (attention_jax.positional).
+    'ENCODINGS', 'PositionalEncoding', 'make_encoding', 'parse_encoding_spec',
+    'register_encoding',
+    # Subpackages.
+    'attention', 'nn', 'positional',
+]

@@ -151,7 +151,7 @@ class MultiHeadAttentionTest(chex.TestCase, parameterized.TestCase):
     b, t, h, d = 2, 5, 3, 4
     q, k, v = _random(9, (b, t, h, d), (b, t, h, d), (b, t, h, 2))
     bias = aj.positional.alibi_bias(h, t, t)  # [H, T, T], shared by the batch
-    out, weights = aj.multi_head_attention(q, k, v, mask=aj.causal_mask(t), bias=bias)
+    out, weights = aj.multi_head_attention(q, k, v, mask=aj.causal_mask(t), bias=bias[None])
     for bi, hi in itertools.product(range(b), range(h)):
       want_out, want_w = ref.attention(q[bi, :, hi], k[bi, :, hi], v[bi, :, hi],
                                        mask=np.tril(np.ones((t, t), bool)), bias=bias[hi])
@@ -174,6 +174,16 @@ class MultiHeadAttentionTest(chex.TestCase, parameterized.TestCase):
       aj.multi_head_attention(q, k[:, :, :1], v)
     with self.assertRaisesRegex(ValueError, r'does not broadcast to \(2, 2, 4, 4\)'):
       aj.multi_head_attention(q, k, v, mask=jnp.ones((3, 1, 4, 4), bool))
+
+  def test_rank_3_masks_and_biases_are_refused_as_ambiguous(self):
+    # B == H == 2: [2, 4, 4] could be per example or per head.
+    q, k, v = _random(12, (2, 4, 2, 8), (2, 4, 2, 8), (2, 4, 2, 8))
+    for name in ('mask', 'bias'):
+      x = jnp.ones((2, 4, 4), bool if name == 'mask' else jnp.float32)
+      for f in (aj.multi_head_attention, aj.scaled_dot_product_attention):
+        with self.assertRaisesRegex(ValueError, rf'{name} has shape \(2, 4, 4\).*rank 4 '
+                                    rf'\[B\|1, H\|1, T_q, T_k\].*ambiguous'):
+          f(q, k, v, **{name: x})
 
 
 if __name__ == '__main__':

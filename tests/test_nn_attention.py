@@ -12,14 +12,17 @@ import attention_jax as aj
 from tests import references as ref
 
 ENCODINGS = sorted(aj.ENCODINGS)
+# Encodings that act inside attention; the others are added to the embeddings.
+IN_ATTENTION = [e for e in ENCODINGS if e not in ('sinusoidal', 'learned')]
 
 
 class MultiHeadAttentionModuleTest(chex.TestCase, parameterized.TestCase):
 
-  @parameterized.parameters(None, 'causal')
+  @parameterized.named_parameters(('no_mask', None), ('causal', 'causal'))
   def test_equals_flax_with_the_same_weights(self, mask_kind):
     d_model, heads, t = 32, 4, 7
-    ours = aj.MultiHeadAttention(d_model, heads, use_bias=True, rngs=nnx.Rngs(0))
+    ours = aj.MultiHeadAttention(d_model, heads, causal=False, use_bias=True,
+                                 rngs=nnx.Rngs(0))
     theirs = nnx.MultiHeadAttention(heads, d_model, decode=False, rngs=nnx.Rngs(1))
     for mine, flax_name in (('W_Q', 'query'), ('W_K', 'key'), ('W_V', 'value'), ('W_O', 'out')):
       src = getattr(theirs, flax_name)
@@ -27,7 +30,7 @@ class MultiHeadAttentionModuleTest(chex.TestCase, parameterized.TestCase):
       getattr(ours, mine).bias[...] = src.bias[...]
     x = jax.random.normal(jax.random.key(2), (3, t, d_model))
     mask = None if mask_kind is None else aj.causal_mask(t)
-    out, weights = ours(x, mask=mask)
+    out, weights = ours(x, mask=mask, return_weights=True)
     want = theirs(x, mask=None if mask is None else mask[None, None])
     chex.assert_shape(weights, (3, heads, t, t))
     chex.assert_trees_all_close(out, want, atol=1e-5, rtol=1e-5)
@@ -42,28 +45,30 @@ class MultiHeadAttentionModuleTest(chex.TestCase, parameterized.TestCase):
       mha(jnp.zeros((2, 3, 8)))
 
   def test_cross_attention_shapes(self):
-    mha = aj.MultiHeadAttention(16, 4, encoding='rope', rngs=nnx.Rngs(0))
-    out, weights = mha(jnp.ones((2, 3, 16)), jnp.ones((2, 9, 16)))
+    mha = aj.MultiHeadAttention(16, 4, encoding='rope', causal=False, rngs=nnx.Rngs(0))
+    out, weights = mha(jnp.ones((2, 3, 16)), jnp.ones((2, 9, 16)), return_weights=True)
     chex.assert_shape(out, (2, 3, 16))
     chex.assert_shape(weights, (2, 4, 3, 9))
 
   def test_rope_rotates_q_and_k_inside(self):
     mha = aj.MultiHeadAttention(16, 2, encoding='rope', rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(3), (1, 5, 16))
-    _, weights = mha(x)
+    _, weights = mha(x, return_weights=True)
     q = aj.positional.apply_rope(mha.W_Q(x), np.arange(5))
     k = aj.positional.apply_rope(mha.W_K(x), np.arange(5))
-    _, want = aj.multi_head_attention(q, k, mha.W_V(x))
+    _, want = aj.multi_head_attention(q, k, mha.W_V(x), mask=aj.causal_mask(5))
     chex.assert_trees_all_close(weights, want, atol=1e-6)
     # Shifting every position by the same offset changes nothing.
-    _, shifted = mha(x, positions=np.arange(5) + 20_000)
+    _, shifted = mha(x, positions=np.arange(5) + 20_000, return_weights=True)
     chex.assert_trees_all_close(shifted, weights, atol=1e-5)
 
-  @parameterized.product(dtype=(jnp.float32, jnp.bfloat16, jnp.float16), encoding=ENCODINGS)
+  @parameterized.named_parameters(
+      (f'{e}_{jnp.dtype(d).name}', d, e)
+      for e in IN_ATTENTION for d in (jnp.float32, jnp.bfloat16, jnp.float16))
   def test_dtypes(self, dtype, encoding):
-    mha = aj.MultiHeadAttention(16, 4, encoding=encoding, max_positions=8, dtype=dtype,
-                                rngs=nnx.Rngs(0))
-    out, weights = nnx.jit(lambda m, x: m(x, mask=aj.causal_mask(6)))(mha, jnp.ones((2, 6, 16), dtype))
+    mha = aj.MultiHeadAttention(16, 4, encoding=encoding, dtype=dtype, rngs=nnx.Rngs(0))
+    out, weights = nnx.jit(lambda m, x: m(x, mask=aj.causal_mask(6), return_weights=True))(
+        mha, jnp.ones((2, 6, 16), dtype))
     self.assertEqual(out.dtype, dtype)
     self.assertEqual(weights.dtype, jnp.float32)
     chex.assert_tree_all_finite((out, weights))
@@ -76,7 +81,7 @@ class SelfAttentionModuleTest(chex.TestCase):
     attn = aj.SelfAttention(d_model=8, d_k=4, d_v=3, rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(4), (2, 5, 8))
     mask = aj.causal_mask(5)
-    out, weights = self.variant(lambda x: attn(x, mask=mask))(x)
+    out, weights = self.variant(lambda x: attn(x, mask=mask, return_weights=True))(x)
     chex.assert_shape(out, (2, 5, 3))
     chex.assert_shape(weights, (2, 5, 5))
     for b in range(2):
@@ -87,7 +92,7 @@ class SelfAttentionModuleTest(chex.TestCase):
 
   def test_lesson_shapes(self):
     attn = aj.SelfAttention(d_model=64, d_k=32, rngs=nnx.Rngs(0))
-    out, weights = attn(jnp.ones((4, 10, 64)))
+    out, weights = attn(jnp.ones((4, 10, 64)), return_weights=True)
     chex.assert_shape(out, (4, 10, 32))
     chex.assert_shape(weights, (4, 10, 10))
     np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-6)
@@ -96,23 +101,122 @@ class SelfAttentionModuleTest(chex.TestCase):
 class CausalityTest(parameterized.TestCase):
   """The output at t must not depend on inputs after t, whatever the encoding."""
 
-  @parameterized.parameters(*ENCODINGS)
+  @parameterized.named_parameters((e, e) for e in ENCODINGS)
   def test_no_gradient_from_the_future(self, encoding):
     t, d = 6, 16
     enc = aj.make_encoding(encoding, d_model=d, num_heads=4, max_positions=t, rngs=nnx.Rngs(0))
-    mha = aj.MultiHeadAttention(d, 4, encoding=enc, rngs=nnx.Rngs(1))
+    mha = aj.MultiHeadAttention(d, 4, encoding=enc if enc.acts_in_attention else None,
+                                rngs=nnx.Rngs(1))
     x = jax.random.normal(jax.random.key(5), (1, t, d))
 
     def output_at(x, i):
       h = enc.add_to_embeddings(x, np.arange(t))
-      out, _ = mha(h, mask=aj.causal_mask(t))
-      return jnp.sum(out[0, i])
+      return jnp.sum(mha(h)[0, i])  # causal by construction, no mask given
 
     for i in range(t):
       grad = jax.grad(output_at)(x, i)[0]  # [T, D]
       norms = jnp.linalg.norm(grad, axis=-1)
       np.testing.assert_array_equal(norms[i + 1:], 0.0)
       self.assertGreater(float(norms[i]), 0.0)  # the test can see a dependence
+
+
+class CausalityIsOnePropertyTest(chex.TestCase, parameterized.TestCase):
+  """The module's `causal` sets both the mask and the encoding's bias."""
+
+  def _alibi_weights(self, causal):
+    mha = aj.MultiHeadAttention(16, 2, encoding='alibi', causal=causal, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(6), (1, 5, 16))
+    out, weights = mha(x, return_weights=True)
+    q, k, v = mha.W_Q(x), mha.W_K(x), mha.W_V(x)
+    return mha, x, out, weights, (q, k, v)
+
+  def test_default_alibi_module_is_causal(self):
+    _, _, _, weights, (q, k, v) = self._alibi_weights(causal=True)
+    upper = np.triu(np.ones((5, 5), bool), 1)
+    np.testing.assert_array_equal(np.asarray(weights)[0][:, upper], 0.0)
+    bias = aj.positional.alibi_bias(2, 5, 5, causal=True)[None]  # -slope·(i - j)
+    _, want = aj.multi_head_attention(q, k, v, mask=aj.causal_mask(5), bias=bias)
+    chex.assert_trees_all_close(weights, want, atol=1e-6)
+
+  def test_bidirectional_alibi_uses_the_absolute_distance(self):
+    _, _, _, weights, (q, k, v) = self._alibi_weights(causal=False)
+    self.assertTrue(np.all(np.asarray(weights)[0, :, 0, 4] > 0.0))  # sees the future
+    slopes = aj.positional.alibi_slopes(2)
+    distance = np.abs(np.arange(5)[:, None] - np.arange(5)[None, :])
+    bias = -slopes[:, None, None] * distance  # -slope·|i - j|
+    _, want = aj.multi_head_attention(q, k, v, bias=jnp.asarray(bias[None], jnp.float32))
+    chex.assert_trees_all_close(weights, want, atol=1e-6)
+
+  def test_the_call_cannot_override_causality(self):
+    mha = aj.MultiHeadAttention(16, 2, encoding='alibi', rngs=nnx.Rngs(0))
+    with self.assertRaises(TypeError):
+      mha(jnp.ones((1, 4, 16)), causal=False)  # pylint: disable=unexpected-keyword-arg
+
+  def test_encoding_and_module_must_agree(self):
+    enc = aj.make_encoding('alibi', d_model=16, num_heads=2, causal=False)
+    with self.assertRaisesRegex(ValueError, r'ALiBi was built with causal=False but '
+                                r'MultiHeadAttention has causal=True'):
+      aj.MultiHeadAttention(16, 2, encoding=enc, rngs=nnx.Rngs(0))
+    aj.MultiHeadAttention(16, 2, encoding=enc, causal=False, rngs=nnx.Rngs(0))  # agrees
+
+  def test_causal_cross_attention_is_an_error(self):
+    mha = aj.MultiHeadAttention(16, 2, rngs=nnx.Rngs(0))
+    with self.assertRaisesRegex(ValueError, 'build cross-attention with causal=False'):
+      mha(jnp.ones((1, 3, 16)), jnp.ones((1, 5, 16)))
+
+  def test_output_only_unless_weights_are_asked_for(self):
+    mha = aj.MultiHeadAttention(16, 2, rngs=nnx.Rngs(0))
+    out = mha(jnp.ones((1, 4, 16)))
+    chex.assert_shape(out, (1, 4, 16))
+    self.assertEqual(mha.implementation, 'auto')
+
+
+class _OnlyEmbeddings(aj.PositionalEncoding):
+
+  def add_to_embeddings(self, x, positions):
+    return x + 1.0
+
+
+class _OnlyDenseBias(aj.PositionalEncoding):
+  """A user encoding written against the bias hook alone, returning the
+  rank-3 `[H, T_q, T_k]` the hook documented before it became rank 4."""
+
+  def attention_bias(self, q_positions, k_positions):
+    d = aj.relative_distance(q_positions, k_positions).astype(jnp.float32)
+    return jnp.stack([-d, -2.0 * d])
+
+
+class EncodingHooksTest(chex.TestCase, parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ('sinusoidal', 'sinusoidal', "'sinusoidal'"), ('learned', 'learned', "'learned'"),
+      ('user_embedding_encoding', _OnlyEmbeddings(), '_OnlyEmbeddings'))
+  def test_embedding_encodings_are_refused_by_attention(self, encoding, label):
+    for make in (lambda: aj.MultiHeadAttention(16, 2, encoding=encoding, rngs=nnx.Rngs(0)),
+                 lambda: aj.SelfAttention(16, 8, encoding=encoding, rngs=nnx.Rngs(0))):
+      with self.assertRaisesRegex(ValueError, f'encoding {label} is added to the embeddings.*'
+                                  r'TransformerLM\(encoding=.*add_to_embeddings\(x, positions\)'):
+        make()
+
+  def test_a_subclass_with_only_attention_bias_still_works(self):
+    mha = aj.MultiHeadAttention(16, 2, encoding=_OnlyDenseBias(), rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(7), (1, 5, 16))
+    _, weights = mha(x, return_weights=True)
+    q, k, v = mha.W_Q(x), mha.W_K(x), mha.W_V(x)
+    bias = _OnlyDenseBias().attention_bias(np.arange(5), np.arange(5))[None]
+    _, want = aj.multi_head_attention(q, k, v, mask=aj.causal_mask(5), bias=bias)
+    chex.assert_trees_all_close(weights, want, atol=1e-6)
+    self.assertIsInstance(_OnlyDenseBias().score_bias(np.arange(5), np.arange(5)),
+                          aj.DenseBias)
+
+  def test_alibi_score_bias_is_linear_only_when_it_can_be(self):
+    causal = aj.make_encoding('alibi', d_model=16, num_heads=2)
+    p = np.arange(4)
+    self.assertIsInstance(causal.score_bias(p, p), aj.LinearBias)
+    self.assertIsInstance(causal.score_bias(p + 3, p + 3), aj.DenseBias)
+    symmetric = aj.make_encoding('alibi', d_model=16, num_heads=2, causal=False)
+    self.assertIsInstance(symmetric.score_bias(p, p), aj.DenseBias)
+    chex.assert_shape(symmetric.attention_bias(p, p), (1, 2, 4, 4))
 
 
 class LinenBridgeTest(absltest.TestCase):
@@ -122,8 +226,9 @@ class LinenBridgeTest(absltest.TestCase):
     layer = bridge.to_linen(aj.MultiHeadAttention, 16, 4, encoding='alibi')
     x = jnp.ones((2, 5, 16))
     variables = layer.init(jax.random.key(0), x)
-    out, weights = layer.apply(variables, x)
+    out = layer.apply(variables, x)
     chex.assert_shape(out, (2, 5, 16))
+    _, weights = layer.apply(variables, x, return_weights=True)
     chex.assert_shape(weights, (2, 4, 5, 5))
 
 

@@ -9,6 +9,9 @@ indices, Python ints or traced scalars. Arithmetic in float32.
 
 import jax.numpy as jnp
 
+from attention_jax.attention.scores import linear_bias
+from attention_jax.attention.scores import relative_distance
+
 
 def block_scores(q_blk, k_blk, q_start, k_start, kv_len, slopes, *, scale, causal,
                  t_k, window, keys_first=False):
@@ -18,23 +21,24 @@ def block_scores(q_blk, k_blk, q_start, k_start, kv_len, slopes, *, scale, causa
   when `keys_first` (the backward's orientation, see `backward_block`). Keys
   at `t_k` or past it (the blocks' own padding) are never kept.
   """
-  qc, kc = q_blk.shape[1], k_blk.shape[1]
+  q_idx = q_start + jnp.arange(q_blk.shape[1])
+  k_idx = k_start + jnp.arange(k_blk.shape[1])
   if keys_first:
     s = jnp.einsum('gkd,gqd->gkq', k_blk, q_blk, preferred_element_type=jnp.float32)
-    q_idx = q_start + jnp.arange(qc)[None, None, :]
-    k_idx = k_start + jnp.arange(kc)[None, :, None]
+    distance = -relative_distance(k_idx, q_idx)  # i - j, [kc, qc]
+    key_index = k_idx[:, None]
   else:
     s = jnp.einsum('gqd,gkd->gqk', q_blk, k_blk, preferred_element_type=jnp.float32)
-    q_idx = q_start + jnp.arange(qc)[None, :, None]
-    k_idx = k_start + jnp.arange(kc)[None, None, :]
+    distance = relative_distance(q_idx, k_idx)  # i - j, [qc, kc]
+    key_index = k_idx[None, :]
   s = s * scale
   if slopes is not None:
-    s = s - slopes[:, None, None] * (q_idx - k_idx).astype(jnp.float32)
-  keep = k_idx < jnp.minimum(kv_len, t_k)[:, None, None]
+    s = s + linear_bias(slopes, distance)
+  keep = key_index[None] < jnp.minimum(kv_len, t_k)[:, None, None]
   if causal:
-    keep = keep & (k_idx <= q_idx)
+    keep = keep & (distance >= 0)[None]
   if window is not None:
-    keep = keep & (jnp.abs(q_idx - k_idx) < window)
+    keep = keep & (jnp.abs(distance) < window)[None]
   return s, keep
 
 

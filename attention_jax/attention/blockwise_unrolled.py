@@ -5,11 +5,11 @@ prefix, the window), the query chunking of Rabe & Staats (2021).
 Because every block's key range is a static slice, there is no online
 rescaling and no key block half above the diagonal: one wide matmul per
 block, with the work of exact causal attention up to the query-block
-granularity. On the 2-core CPU this beats the scan up to ~2,048 tokens
-(see `chunked.UNROLLED_MAX_LENGTH`). The price is a program that grows with
-T_q / q_chunk (compile time 4.4 s against 1.0 s at 2,048 tokens) and score
-blocks of q_chunk × (visible keys): so it serves moderate lengths; 'scan'
-serves any length.
+granularity. On CPU this beats the scan at moderate lengths (see
+`chunked.UNROLLED_MAX_LENGTH` and benchmarks/README.md). The price is a
+program, and a compile time, that grow with T_q / q_chunk, and score blocks
+of q_chunk × (visible keys): so it serves moderate lengths; 'scan' serves
+any length.
 
 Shapes as in `blockwise_scan.py`: G rows, q `[G, Tq', D]` padded to q_chunk.
 """

@@ -44,14 +44,12 @@ from attention_jax.attention import blockwise_unrolled
 from attention_jax.attention.dense import repeat_kv_heads
 
 STRATEGIES = ('scan', 'unrolled', 'auto')
-# 'auto' unrolls up to this many queries and keys. The lesson 7.3 layer fwd+bwd
-# on the 2-core CPU (benchmarks/results/strategies/attention.md), unrolled vs
-# scan: 0.93× the time at T = 512, 0.94× at 1,024, 0.91× at 2,048, 0.99× at
-# 4,096, where unrolling also costs 8.5 s of compile time against 1.1 s
-# (fwd+bwd, batch 4 × 8 heads of 64, timed ad hoc with jit(...).lower().compile()).
+# 'auto' unrolls up to this many queries and keys: the length up to which
+# unrolling beats the scan on the 2-core CPU without a compile time out of
+# proportion (benchmarks/README.md, "Chunked strategies").
 UNROLLED_MAX_LENGTH = 2048
-# Per strategy, the defaults of q_chunk and heads_per_step: the fastest
-# measured on the 2-core CPU (README, Performance).
+# Per strategy, the defaults of q_chunk and heads_per_step: the fastest on
+# the 2-core CPU (benchmarks/README.md).
 _DEFAULTS = {'scan': dict(q_chunk=512, heads_per_step=8),
              'unrolled': dict(q_chunk=128, heads_per_step=1)}
 
@@ -188,3 +186,17 @@ def chunked_attention(
                  k_chunk, t_k, window, group)
   out = out[:, :t_q].reshape(b, h, t_q, -1)
   return jnp.transpose(out, (0, 2, 1, 3)).astype(v.dtype)
+
+
+def chunked_kernel(q, k, v, *, mask, bias, slopes, causal, window, kv_lengths,
+                   return_weights, chunk_size=None, chunked_strategy='auto'):
+  """The 'chunked' row of `dispatch.KERNELS`: structure and a linear bias
+  (slopes `[H]`) only, no weights; the dispatcher sends nothing else.
+  -> (out `[B, T_q, H, D_v]`, None)."""
+  if mask is not None or bias is not None or return_weights:
+    raise ValueError('chunked_kernel takes no dense mask or bias and forms no weights.')
+  chunks = {} if chunk_size is None else dict(q_chunk=chunk_size, k_chunk=chunk_size)
+  out = chunked_attention(q, k, v, causal=causal, kv_lengths=kv_lengths,
+                          alibi_slopes=slopes, window=window, strategy=chunked_strategy,
+                          **chunks)
+  return out, None

@@ -16,6 +16,10 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from attention_jax.attention.masks import combine_masks
+from attention_jax.attention.masks import structural_mask
+from attention_jax.attention.scores import materialise
+
 # Finite and far below any real score, with headroom so that `score - max`
 # inside softmax cannot overflow to -inf (the same choice as jax.nn).
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
@@ -26,6 +30,23 @@ def _check_broadcast(name: str, x: jnp.ndarray, target: tuple[int, ...]) -> None
       d not in (1, t) for d, t in zip(x.shape[::-1], target[::-1])):
     raise ValueError(
         f'{name} has shape {x.shape}, which does not broadcast to {target}.')
+
+
+def as_rank4(name: str, x: Optional[jnp.ndarray]) -> Optional[jnp.ndarray]:
+  """A multi-head mask or bias, rank 2 `[T_q, T_k]` or rank 4 `[B|1, H|1, T_q,
+  T_k]`, as rank 4. Rank 3 is refused: `[B, T, T]` and `[H, T, T]` cannot be
+  told apart when B == H."""
+  if x is None:
+    return None
+  if x.ndim == 2:
+    return x[None, None]
+  if x.ndim == 4:
+    return x
+  hint = (f' A rank-3 {name} is ambiguous ([B, T_q, T_k] or [H, T_q, T_k]?): '
+          f'write {name}[:, None] for one per example, {name}[None] for one per head.'
+          if x.ndim == 3 else '')
+  raise ValueError(f'{name} has shape {x.shape}: give rank 2 [T_q, T_k] or rank 4 '
+                   f'[B|1, H|1, T_q, T_k].{hint}')
 
 
 def masked_softmax(scores: jnp.ndarray, mask: Optional[jnp.ndarray]) -> jnp.ndarray:
@@ -129,10 +150,11 @@ def multi_head_attention(
     k: keys `[B, T_k, H_kv, D_k]`; H_kv divides H (H_kv < H: grouped-query
       attention, see `repeat_kv_heads`).
     v: values `[B, T_k, H_kv, D_v]`.
-    mask: optional boolean, broadcastable to `[B, H, T_q, T_k]`, True = attend.
-    bias: optional additive, broadcastable to `[B, H, T_q, T_k]`; may differ
-      per head (ALiBi). Neither mask nor bias is ever broadcast in memory:
-      a size-1 batch or head axis is shared across the vmap instead.
+    mask: optional boolean `[T_q, T_k]` or `[B|1, H|1, T_q, T_k]`, True = attend.
+    bias: optional additive `[T_q, T_k]` or `[B|1, H|1, T_q, T_k]`; may differ
+      per head (ALiBi). Rank 3 is an error (see `as_rank4`). Neither mask nor
+      bias is ever broadcast in memory: a size-1 batch or head axis is shared
+      across the vmap instead.
 
   Returns:
     `(out, weights)`: out `[B, T_q, H, D_v]` in the dtype of `v`; weights
@@ -149,12 +171,11 @@ def multi_head_attention(
         'q [B, T_q, H, D_k], k [B, T_k, H_kv, D_k], v [B, T_k, H_kv, D_v].')
   k, v = repeat_kv_heads(k, v, h, q.shape)
   full = (b, h, t_q, t_k)
+  mask, bias = as_rank4('mask', mask), as_rank4('bias', bias)
   if mask is not None:
     _check_broadcast('mask', mask, full)
-    mask = jnp.reshape(mask, (1,) * (4 - mask.ndim) + mask.shape)
   if bias is not None:
     _check_broadcast('bias', bias, full)
-    bias = jnp.reshape(bias, (1,) * (4 - bias.ndim) + bias.shape)
 
   # The batch axis is 0 of mask/bias; once vmapped away, the head axis is 0.
   mask, mask_b = _vmap_plan(mask, 0, b)
@@ -170,3 +191,17 @@ def multi_head_attention(
 
   return jax.vmap(one_example, in_axes=(0, 0, 0, mask_b, bias_b))(
       q, k, v, mask, bias)
+
+
+def dense_kernel(q, k, v, *, mask, bias, slopes, causal, window, kv_lengths,
+                 return_weights, **unused_options):
+  """The 'dense' row of `dispatch.KERNELS`: structure and linear bias
+  materialised, then `multi_head_attention`. Shapes as there; mask and bias
+  rank 4 or None, slopes `[H]` or None. -> (out, weights or None)."""
+  del unused_options  # other kernels' options (chunk sizes)
+  t_q, t_k = q.shape[1], k.shape[1]
+  mask = combine_masks(mask, structural_mask(t_q, t_k, causal=causal, window=window,
+                                             kv_lengths=kv_lengths))
+  out, weights = multi_head_attention(q, k, v, mask=mask,
+                                      bias=materialise(bias, slopes, t_q, t_k))
+  return out, (weights if return_weights else None)

@@ -1,137 +1,212 @@
-"""One entry point over the three attention implementations, and 'auto'.
+"""The one entry point of multi-head attention: validates a call, picks the
+kernel once from a table of what each kernel can serve, and hands it the
+masks and bias in the form it takes.
 
+`KERNELS` maps a name to a `Kernel` row: its run function (in its own file)
+and its capabilities. 'auto' takes the first row, in table order, that can
+serve the call; naming a kernel that cannot is an error listing every
+obstacle. A new kernel is one file with its run function and one row here.
+
+* 'cudnn'   (`cudnn.py`): the fused GPU kernel; half precision; no weights.
+* 'chunked' (`chunked.py`): blockwise, O(T) memory; masks by structure only
+  (causal, kv_lengths, window) and linear biases (ALiBi's slopes); no weights.
+  'auto' takes it from `AUTO_CHUNKED_MIN_KEYS` keys on.
 * 'dense'   (`dense.py`): any mask and bias, returns the weights; O(T²) memory.
-* 'chunked' (`chunked.py`): blockwise, O(T) memory; masks and biases by
-  structure only (causal, kv_lengths, window, ALiBi slopes); no weights.
-* 'cudnn'   `jax.nn.dot_product_attention(implementation='cudnn')`: the fused
-  GPU kernel (float16/bfloat16, head_dim a multiple of 8 up to 128); no
-  weights. Its fully-masked rows follow jax.nn's convention, not ours (see
-  `dense.py`); it exists for GPU speed, not for exactness tests.
-* 'auto'    the fastest that can serve the call: 'cudnn' on a GPU when it can,
-  else 'chunked' from `AUTO_CHUNKED_MIN_KEYS` keys on (where it beats dense
-  on CPU, benchmarks/results/attention.md), else 'dense'. On CPU it never
-  picks jax.nn's XLA path, whose backward is pathologically slow there.
+On CPU 'auto' never picks jax.nn's XLA path, whose backward is
+pathologically slow there.
 
 Shapes: q `[B, T_q, H, D]`, k `[B, T_k, H_kv, D]`, v `[B, T_k, H_kv, D_v]`.
 """
 
-from typing import Optional
+import dataclasses
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from attention_jax.attention.chunked import STRATEGIES
-from attention_jax.attention.chunked import chunked_attention
-from attention_jax.attention.dense import multi_head_attention
-from attention_jax.attention.masks import causal_mask
-from attention_jax.attention.masks import combine_masks
-from attention_jax.attention.masks import sliding_window_mask
+from attention_jax.attention.chunked import chunked_kernel
+from attention_jax.attention.cudnn import cudnn_kernel
+from attention_jax.attention.dense import as_rank4
+from attention_jax.attention.dense import dense_kernel
+from attention_jax.attention.scores import DenseBias
+from attention_jax.attention.scores import LinearBias
+from attention_jax.attention.scores import NoBias
+from attention_jax.attention.scores import ScoreBias
 
-IMPLEMENTATIONS = ('dense', 'chunked', 'cudnn', 'auto')
-# Chunked vs dense, causal layer fwd+bwd on the 2-core CPU (2026-11-30,
-# benchmarks/results/attention.md and auto_threshold/, from
-# benchmarks/attention.py): dense 1.17× faster at T = 128,
-# chunked 1.11× faster at 256, 1.12× at 384, 1.16× at 512, 1.45× at 1024.
+# Where chunked beats dense for a causal layer fwd+bwd on the 2-core CPU; see
+# benchmarks/README.md, "The 'auto' threshold".
 AUTO_CHUNKED_MIN_KEYS = 256
 
 
-def select_implementation(requested: str, *, t_k: int, dtype, head_dim: int,
-                          return_weights: bool, dense_mask: bool, dense_bias: bool,
-                          chunked_obstacles: tuple[str, ...] = (),
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+  """One row of the table: a run function and what it can serve.
+
+  `run(q, k, v, *, mask, bias, slopes, causal, window, kv_lengths,
+  return_weights, chunk_size, chunked_strategy) -> (out, weights or None)`,
+  mask and bias rank 4 or None, slopes a tuple `[H]` or None.
+  """
+  run: Callable
+  weights: bool  # can return the attention weights
+  dense_mask: bool  # takes an arbitrary boolean mask
+  dense_bias: bool  # takes an arbitrary additive bias
+  linear_bias: bool  # takes a `LinearBias` (slopes)
+  dtypes: Optional[tuple[str, ...]] = None  # input dtypes served; None: any
+  backends: Optional[tuple[str, ...]] = None  # JAX backends; None: any
+  head_dim: Optional[tuple[int, int]] = None  # (a multiple of, at most); None: any
+  auto_min_keys: int = 0  # 'auto' picks it only from this many keys on
+
+
+KERNELS = {
+    'cudnn': Kernel(cudnn_kernel, weights=False, dense_mask=True, dense_bias=True,
+                    linear_bias=True, dtypes=('float16', 'bfloat16'), backends=('gpu',),
+                    head_dim=(8, 128)),
+    'chunked': Kernel(chunked_kernel, weights=False, dense_mask=False, dense_bias=False,
+                      linear_bias=True, auto_min_keys=AUTO_CHUNKED_MIN_KEYS),
+    'dense': Kernel(dense_kernel, weights=True, dense_mask=True, dense_bias=True,
+                    linear_bias=True),
+}
+IMPLEMENTATIONS = (*KERNELS, 'auto')
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+  """What a call asks of a kernel, without its arrays. `dense_bias` names
+  where a dense bias comes from (None: there is none)."""
+  t_k: int
+  dtype: object
+  head_dim: int
+  return_weights: bool = False
+  dense_mask: bool = False
+  dense_bias: Optional[str] = None
+  linear_bias: bool = False
+
+
+def check_options(implementation: str = 'auto', chunked_strategy: str = 'auto',
+                  chunk_size: Optional[int] = None, window: Optional[int] = None) -> None:
+  """Refuses unknown options, whichever kernel would run (modules call it at
+  construction, `scaled_dot_product_attention` at every call)."""
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(f'implementation={implementation!r}; choose one of {IMPLEMENTATIONS}.')
+  if chunked_strategy not in STRATEGIES:
+    raise ValueError(f'chunked_strategy={chunked_strategy!r}; choose one of {STRATEGIES}.')
+  if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+    raise ValueError(f'chunk_size={chunk_size!r}: use an integer >= 1 or None.')
+  if window is not None and (not isinstance(window, int) or window < 1):
+    raise ValueError(f'window={window!r}: use an integer >= 1 or None.')
+
+
+def obstacles(name: str, request: Request, backend: Optional[str] = None) -> list[str]:
+  """Why kernel `name` cannot serve `request` (empty: it can)."""
+  kernel, backend = KERNELS[name], backend or jax.default_backend()
+  found = []
+  if request.return_weights and not kernel.weights:
+    found.append('return_weights=True (only ' + ', '.join(
+        repr(n) for n, k in KERNELS.items() if k.weights) + ' forms the weights)')
+  if request.dense_mask and not kernel.dense_mask:
+    found.append('a dense mask (give causal=, window= or kv_lengths= instead)')
+  if request.dense_bias and not kernel.dense_bias:
+    found.append(request.dense_bias)
+  if request.linear_bias and not kernel.linear_bias:
+    found.append('a linear bias (ALiBi slopes)')
+  if kernel.backends and backend not in kernel.backends:
+    found.append(f"a {' or '.join(b.upper() for b in kernel.backends)} "
+                 f'(the default backend is {backend!r})')
+  dtype = jnp.dtype(request.dtype)
+  if kernel.dtypes and dtype.name not in kernel.dtypes:
+    found.append(f"{' or '.join(kernel.dtypes)} inputs (got {dtype.name})")
+  if kernel.head_dim:
+    multiple, most = kernel.head_dim
+    if request.head_dim % multiple or request.head_dim > most:
+      found.append(f'head_dim a multiple of {multiple} up to {most} '
+                   f'(got {request.head_dim})')
+  return found
+
+
+def select_implementation(requested: str, request: Request,
                           backend: Optional[str] = None) -> str:
-  """The implementation a call runs on; a clear error when `requested` is
-  one that cannot serve it. `chunked_obstacles`: the caller's own reasons
-  (e.g. an encoding's non-linear bias)."""
-  if requested not in IMPLEMENTATIONS:
-    raise ValueError(f'implementation={requested!r}; choose one of {IMPLEMENTATIONS}.')
-  if requested == 'dense':
-    return 'dense'
-  backend = backend or jax.default_backend()
-  no_weights = ['return_weights=True (only the dense path forms the weights)'] if return_weights else []
-  chunked_no = no_weights + list(chunked_obstacles) + (
-      ['a dense mask or bias (pass causal=, kv_lengths=, window= or ALiBi slopes instead)']
-      if dense_mask or dense_bias else [])
-  cudnn_no = list(no_weights)
-  if backend != 'gpu':
-    cudnn_no.append(f"a GPU (the default backend is {backend!r})")
-  if jnp.dtype(dtype) not in (jnp.float16, jnp.bfloat16):
-    cudnn_no.append(f'float16 or bfloat16 inputs (got {jnp.dtype(dtype).name})')
-  if head_dim % 8 or head_dim > 128:
-    cudnn_no.append(f'head_dim a multiple of 8 up to 128 (got {head_dim})')
-  if requested in ('chunked', 'cudnn'):
-    obstacles = chunked_no if requested == 'chunked' else cudnn_no
-    if obstacles:
+  """The kernel a call runs on: `requested` itself when it can serve the call
+  (else an error naming every obstacle), or for 'auto' the first row of
+  `KERNELS` that can and whose `auto_min_keys` the call reaches."""
+  check_options(requested)
+  if requested != 'auto':
+    found = obstacles(requested, request, backend)
+    if found:
       raise ValueError(f'implementation={requested!r} cannot serve this call: '
-                       + '; '.join(obstacles) + ". Use 'dense' or 'auto'.")
+                       + '; '.join(found) + ". Use 'dense' or 'auto'.")
     return requested
-  if not cudnn_no:
-    return 'cudnn'
-  if not chunked_no and t_k >= AUTO_CHUNKED_MIN_KEYS:
-    return 'chunked'
-  return 'dense'
+  refusals = {}
+  for name, kernel in KERNELS.items():
+    refusals[name] = obstacles(name, request, backend)
+    if not refusals[name] and request.t_k >= kernel.auto_min_keys:
+      return name
+  raise ValueError('no kernel can serve this call: ' + ' | '.join(
+      f'{n}: ' + '; '.join(f) for n, f in refusals.items() if f) + '.')
+
+
+def _split_score_bias(score_bias: ScoreBias):
+  """-> (dense bias rank 4 or None, its origin, slopes or None)."""
+  if isinstance(score_bias, NoBias):
+    return None, None, None
+  if isinstance(score_bias, LinearBias):
+    return None, None, score_bias.slopes
+  if isinstance(score_bias, DenseBias):
+    return score_bias.bias.astype(jnp.float32), score_bias.origin, None
+  raise TypeError(f'score_bias must be NoBias, LinearBias or DenseBias, got '
+                  f'{type(score_bias).__name__}.')
 
 
 def scaled_dot_product_attention(
     q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, *,
     mask: Optional[jnp.ndarray] = None, bias: Optional[jnp.ndarray] = None,
-    causal: bool = False, kv_lengths: Optional[jnp.ndarray] = None,
-    alibi_slopes=None, window: Optional[int] = None, implementation: str = 'auto',
-    return_weights: bool = False, chunk_size: Optional[int] = None,
-    chunked_strategy: str = 'auto',
-) -> tuple[jnp.ndarray, Optional[jnp.ndarray]]:
-  """Multi-head attention on any implementation (see the module docstring).
+    score_bias: ScoreBias = NoBias(), causal: bool = False,
+    kv_lengths: Optional[jnp.ndarray] = None, window: Optional[int] = None,
+    implementation: str = 'auto', return_weights: bool = False,
+    chunk_size: Optional[int] = None, chunked_strategy: str = 'auto'):
+  """Multi-head attention on the kernel that can serve it (module docstring).
 
   Args:
     q, k, v: `[B, T_q, H, D]`, `[B, T_k, H_kv, D]`, `[B, T_k, H_kv, D_v]`.
-    mask: boolean, broadcastable to `[B, H, T_q, T_k]`, True = attend.
-    bias: additive, broadcastable to `[B, H, T_q, T_k]`.
-    causal: query i attends to keys j <= i.
+    mask: boolean `[T_q, T_k]` or `[B|1, H|1, T_q, T_k]`, True = attend
+      (rank 3 is ambiguous and refused).
+    bias: additive, `[T_q, T_k]` or `[B|1, H|1, T_q, T_k]`.
+    score_bias: an encoding's contribution (`scores.py`): `NoBias()`,
+      `LinearBias(slopes)` or `DenseBias(bias)`; added to `bias`.
+    causal: query i attends to keys j <= i (needs T_q == T_k).
     kv_lengths: int `[B]`: keys at index >= kv_lengths[b] are padding.
-    alibi_slopes: `[H]`: adds `-slope_h · (i - j)` (positions = indices).
     window: query i attends to keys with |i - j| < window.
-    implementation: 'dense' | 'chunked' | 'cudnn' | 'auto'.
-    return_weights: also return float32 `[B, H, T_q, T_k]` (dense only).
-    chunk_size: query and key block size of the chunked path (default:
+    implementation: a key of `KERNELS` ('cudnn', 'chunked', 'dense') or 'auto'.
+    return_weights: also return float32 `[B, H, T_q, T_k]` (kernels with
+      `weights`: 'dense').
+    chunk_size: query and key block size of the chunked kernel (default:
       `chunked_attention`'s, per strategy).
     chunked_strategy: 'scan' | 'unrolled' | 'auto', see `chunked_attention`.
 
   Returns:
-    `(out [B, T_q, H, D_v], weights or None)`.
+    out `[B, T_q, H, D_v]` in the dtype of v, or `(out, weights)` with
+    `return_weights`.
   """
-  if chunked_strategy not in STRATEGIES:  # early, whichever implementation runs
-    raise ValueError(f'chunked_strategy={chunked_strategy!r}; choose one of {STRATEGIES}.')
+  check_options(implementation, chunked_strategy, chunk_size, window)
+  if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+    raise ValueError('scaled_dot_product_attention takes [batch, length, heads, head_dim] '
+                     f'arrays; got q {q.shape}, k {k.shape}, v {v.shape}.')
   t_q, t_k = q.shape[1], k.shape[1]
-  impl = select_implementation(
-      implementation, t_k=t_k, dtype=q.dtype, head_dim=q.shape[-1],
-      return_weights=return_weights, dense_mask=mask is not None,
-      dense_bias=bias is not None)
   if causal and t_q != t_k:
     raise ValueError(f'causal=True needs T_q == T_k, got {t_q} and {t_k}.')
-  if impl == 'chunked':
-    out = chunked_attention(q, k, v, causal=causal, kv_lengths=kv_lengths,
-                            alibi_slopes=alibi_slopes, window=window,
-                            strategy=chunked_strategy,
-                            **({} if chunk_size is None
-                               else dict(q_chunk=chunk_size, k_chunk=chunk_size)))
-    return out, None
-  if alibi_slopes is not None:
-    distance = (np.arange(t_q)[:, None] - np.arange(t_k)[None, :]).astype(np.float32)
-    alibi = -jnp.asarray(alibi_slopes, jnp.float32)[:, None, None] * distance
-    bias = alibi if bias is None else bias.astype(jnp.float32) + alibi
-  if impl == 'cudnn':
-    out = jax.nn.dot_product_attention(
-        q, k, v, bias=None if bias is None else bias.astype(q.dtype), mask=mask,
-        is_causal=causal, key_value_seq_lengths=kv_lengths,
-        local_window_size=None if window is None else (window - 1, window - 1),
-        implementation='cudnn')
-    return out, None
-  if causal:
-    mask = combine_masks(mask, causal_mask(t_q))
-  if window is not None:
-    mask = combine_masks(mask, sliding_window_mask(t_q, t_k, window))
-  if kv_lengths is not None:
-    keys = jnp.arange(t_k)[None, None, None, :]
-    mask = combine_masks(mask, keys < jnp.asarray(kv_lengths)[:, None, None, None])
-  out, weights = multi_head_attention(q, k, v, mask=mask, bias=bias)
-  return out, (weights if return_weights else None)
+  mask, bias = as_rank4('mask', mask), as_rank4('bias', bias)
+  enc_bias, origin, slopes = _split_score_bias(score_bias)
+  if slopes is not None and len(slopes) != q.shape[2]:
+    raise ValueError(f'a LinearBias of {len(slopes)} slopes for {q.shape[2]} heads.')
+  origins = [o for o, b in (('a dense bias array', bias), (origin, enc_bias)) if b is not None]
+  request = Request(t_k=t_k, dtype=q.dtype, head_dim=q.shape[-1],
+                    return_weights=return_weights, dense_mask=mask is not None,
+                    dense_bias='; '.join(origins) or None, linear_bias=slopes is not None)
+  name = select_implementation(implementation, request)
+  if enc_bias is not None:
+    bias = enc_bias if bias is None else bias.astype(jnp.float32) + enc_bias
+  out, weights = KERNELS[name].run(
+      q, k, v, mask=mask, bias=bias, slopes=slopes, causal=causal, window=window,
+      kv_lengths=kv_lengths, return_weights=return_weights, chunk_size=chunk_size,
+      chunked_strategy=chunked_strategy)
+  return (out, weights) if return_weights else out

@@ -3,27 +3,48 @@
 from typing import Optional
 
 import jax.numpy as jnp
+import numpy as np
+
+from attention_jax.attention.scores import relative_distance
 
 
 def causal_mask(length: int) -> jnp.ndarray:
   """`[length, length]`: query i attends to keys j <= i."""
   if length < 1:
     raise ValueError(f'length must be >= 1, got {length}.')
-  return jnp.tril(jnp.ones((length, length), jnp.bool_))
+  return relative_distance(np.arange(length), np.arange(length)) >= 0
 
 
-def sliding_window_mask(q_len: int, k_len: int, window: int,
-                        q_offset=0) -> jnp.ndarray:
-  """`[q_len, k_len]`: query i (at index `q_offset + i`) attends to keys j with
-  `|q_offset + i - j| < window` (Longformer/Mistral local attention; combine
-  with `causal_mask` for the causal window `i - window < j <= i`).
+def sliding_window_mask(q_len: int, k_len: int, window: int) -> jnp.ndarray:
+  """`[q_len, k_len]`: query i attends to keys j with `|i - j| < window`
+  (Longformer/Mistral local attention; combine with `causal_mask` for the
+  causal window `i - window < j <= i`).
 
-  Indices, not positions: the window counts tokens, whatever the encoding.
-  `q_offset` may be traced (cached decoding)."""
+  Indices, not positions: the window counts tokens, whatever the encoding."""
   if window is None or int(window) < 1:
     raise ValueError(f'window must be an integer >= 1, got {window!r}.')
-  q = q_offset + jnp.arange(q_len)[:, None]
-  return jnp.abs(q - jnp.arange(k_len)[None, :]) < window
+  return jnp.abs(relative_distance(np.arange(q_len), np.arange(k_len))) < window
+
+
+def structural_mask(t_q: int, t_k: int, *, causal: bool = False,
+                    window: Optional[int] = None,
+                    kv_lengths: Optional[jnp.ndarray] = None) -> Optional[jnp.ndarray]:
+  """The dense form of the masks blockwise kernels build per block: causal
+  (`j <= i`), a sliding `window` (`|i - j| < window`) and key padding
+  (`j < kv_lengths[b]`, kv_lengths int `[B]`) -> boolean `[B|1, 1, T_q, T_k]`
+  or None when there is none."""
+  mask = None
+  if causal:
+    mask = causal_mask(t_q) if t_q == t_k else (
+        relative_distance(np.arange(t_q), np.arange(t_k)) >= 0)
+  if window is not None:
+    mask = combine_masks(mask, sliding_window_mask(t_q, t_k, window))
+  if mask is not None:
+    mask = mask[None, None]
+  if kv_lengths is not None:
+    keys = jnp.arange(t_k)[None, None, None, :]
+    mask = combine_masks(mask, keys < jnp.asarray(kv_lengths)[:, None, None, None])
+  return mask
 
 
 def attention_mask_from_tokens(token_mask: jnp.ndarray) -> jnp.ndarray:

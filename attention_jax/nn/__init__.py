@@ -1,7 +1,8 @@
 """Flax NNX modules built on the pure functions."""
 
+from attention_jax.nn.additive import AdditiveAttention
 from attention_jax.nn.attention import MultiHeadAttention
 from attention_jax.nn.attention import SelfAttention
-from attention_jax.nn.additive import AdditiveAttention
 from attention_jax.nn.seq2seq import Seq2Seq
 from attention_jax.nn.transformer import TransformerLM
+from attention_jax.nn.transformer import generate

@@ -5,10 +5,16 @@ is lesson 7.3 (W_Q, W_K, W_V, W_O over `num_heads` heads). Their projection
 kernels have the layout of `flax.nnx.MultiHeadAttention` (query/key/value
 `[d_model, H, D]`, out `[H, D, d_model]`), so weights move between the two.
 
-A positional encoding (a name from the registry or a `PositionalEncoding`)
-acts here through its in-attention hooks: RoPE rotates q and k, ALiBi adds its
-bias. Absolute encodings act on the embeddings, before attention, and are
-no-ops here.
+A module is causal or not as one property, set at construction: it decides
+both the mask and the encoding's bias (ALiBi's is -slope·(i - j) causal,
+-slope·|i - j| otherwise). A positional encoding (a registry name or a
+`PositionalEncoding`) acts here through its in-attention hooks: RoPE rotates
+q and k, relative encodings contribute to the scores. Encodings added to the
+embeddings (sinusoidal, learned) are refused: they belong to the model.
+
+Every call goes through `scaled_dot_product_attention`, which picks the
+kernel. As in Flax, a call returns the output; `return_weights=True` also
+returns the weights (which only the dense kernel forms).
 """
 
 from typing import Optional, Union
@@ -18,43 +24,54 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from attention_jax.attention import multi_head_attention
+from attention_jax.attention import check_options
 from attention_jax.attention import scaled_dot_product_attention
-from attention_jax.attention import select_implementation
-from attention_jax.attention.chunked import STRATEGIES
-from attention_jax.attention.dispatch import IMPLEMENTATIONS
+from attention_jax.positional import ENCODINGS
 from attention_jax.positional import NoPE
 from attention_jax.positional import PositionalEncoding
 from attention_jax.positional import make_encoding
+from attention_jax.positional.base import ATTENTION_HOOKS
+from attention_jax.positional.base import hooks_of
 
 Positional = Union[str, PositionalEncoding, None]
 
 
-def _resolve_positional(encoding: Positional, *, d_model, num_heads,
-                        max_positions, causal, rngs) -> PositionalEncoding:
+def _refuse_embedding_encoding(cls: type, label: str, owner: str):
+  hooks = hooks_of(cls)
+  if 'add_to_embeddings' in hooks and not hooks & ATTENTION_HOOKS:
+    raise ValueError(
+        f'encoding {label} is added to the embeddings, not inside attention, so '
+        f'{owner} cannot use it: give it to the model (e.g. TransformerLM('
+        f'encoding={label})) or add it before attention with '
+        '`encoding.add_to_embeddings(x, positions)`.')
+
+
+def resolve_encoding(encoding: Positional, *, d_model, num_heads, max_positions, causal,
+                     rngs, owner) -> PositionalEncoding:
+  """The encoding an attention module `owner` uses: built from a name with the
+  module's `causal`, or checked to agree with it; never one that only adds
+  to the embeddings."""
   if encoding is None:
     return NoPE()
   if isinstance(encoding, str):
+    cls = ENCODINGS.get(encoding)
+    if cls is not None:  # refuse before building: 'learned' would ask for a length
+      _refuse_embedding_encoding(cls, repr(encoding), owner)
     return make_encoding(encoding, d_model=d_model, num_heads=num_heads,
                          max_positions=max_positions, causal=causal, rngs=rngs)
   if not isinstance(encoding, PositionalEncoding):
     raise TypeError(
         'encoding must be a registry name, a PositionalEncoding or None, '
         f'got {type(encoding).__name__}.')
+  _refuse_embedding_encoding(type(encoding), type(encoding).__name__, owner)
+  built_causal = getattr(encoding, 'causal', None)
+  if built_causal is not None and bool(built_causal) != causal:
+    raise ValueError(
+        f'{type(encoding).__name__} was built with causal={built_causal} but {owner} '
+        f'has causal={causal}: build the encoding with causal={causal} '
+        f'(make_encoding(..., causal={causal})) or the module with '
+        f'causal={built_causal}.')
   return encoding
-
-
-def _is_arange(positions) -> bool:
-  """Static positions 0 … T-1 (what linear biases and the chunked path assume)."""
-  return (isinstance(positions, np.ndarray) and positions.ndim == 1
-          and np.array_equal(positions, np.arange(len(positions))))
-
-
-def _add_biases(*biases):
-  biases = [b for b in biases if b is not None]
-  if not biases:
-    return None
-  return sum(biases[1:], biases[0].astype(jnp.float32))
 
 
 class MultiHeadAttention(nnx.Module):
@@ -63,44 +80,40 @@ class MultiHeadAttention(nnx.Module):
   Args:
     d_model: model width; inputs and outputs are `[B, T, d_model]`.
     num_heads: heads; must divide `d_model` (head_dim = d_model // num_heads).
+    encoding: encoding acting inside attention (see module docstring).
+    causal: query i attends only to keys j <= i; also selects the encoding's
+      causal bias. Default True; False for bidirectional or cross-attention.
     num_kv_heads: key/value heads, dividing `num_heads`; default `num_heads`.
       Fewer is grouped-query attention, 1 is multi-query attention: smaller
       W_K/W_V and a cache `num_heads / num_kv_heads` times smaller.
     sliding_window: if set, a query attends only to the `sliding_window`
       nearest keys on each side (|i - j| < window, token indices); with
-      `causal=True` at call time, the `sliding_window` latest tokens.
-    encoding: encoding acting inside attention (see module docstring).
-    max_positions, causal: passed to the encoding when built from a name.
+      `causal`, the `sliding_window` latest tokens.
+    max_positions: passed to an encoding built from a name.
     use_bias: biases on the four projections (Flax's default is True).
     dtype, param_dtype: computation and parameter dtypes of the projections.
-    implementation: 'dense' (weights available, any mask or bias), 'chunked'
-      (blockwise, O(T) memory; masks only through `causal`/`kv_lengths`,
-      biases only linear ones like causal ALiBi; no weights), 'cudnn' (GPU,
-      half precision) or 'auto' (the fastest that can serve the call; see
-      `attention.dispatch`).
-    chunk_size: query and key block size of the chunked path (default:
+    implementation: 'auto' (the fastest kernel that can serve each call),
+      'dense' (weights, any mask or bias), 'chunked' (blockwise, O(T)
+      memory; masks only through `causal`/`kv_lengths`/`sliding_window`,
+      biases only linear ones like causal ALiBi; no weights) or 'cudnn' (GPU,
+      half precision); see `attention.dispatch.KERNELS`.
+    chunk_size: query and key block size of the chunked kernel (default:
       `chunked_attention`'s, per strategy).
     chunked_strategy: 'scan' | 'unrolled' | 'auto' (`chunked_attention`).
     rngs: `nnx.Rngs` for the parameters.
   """
 
   def __init__(self, d_model: int, num_heads: int, *, encoding: Positional = None,
-               num_kv_heads: Optional[int] = None,
+               causal: bool = True, num_kv_heads: Optional[int] = None,
                sliding_window: Optional[int] = None,
-               max_positions: Optional[int] = None, causal: bool = True,
+               max_positions: Optional[int] = None,
                use_bias: bool = False, dtype=None, param_dtype=jnp.float32,
-               implementation: str = 'dense', chunk_size: Optional[int] = None,
+               implementation: str = 'auto', chunk_size: Optional[int] = None,
                chunked_strategy: str = 'auto',
                rngs: nnx.Rngs):
     if num_heads < 1 or d_model % num_heads:
       raise ValueError(
           f'num_heads={num_heads} must be >= 1 and divide d_model={d_model}.')
-    if implementation not in IMPLEMENTATIONS:
-      raise ValueError(
-          f'implementation={implementation!r}; choose one of {IMPLEMENTATIONS}.')
-    if chunked_strategy not in STRATEGIES:
-      raise ValueError(
-          f'chunked_strategy={chunked_strategy!r}; choose one of {STRATEGIES}.')
     num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
     if num_kv_heads < 1 or num_heads % num_kv_heads:
       raise ValueError(f'num_kv_heads={num_kv_heads} must be >= 1 and divide '
@@ -108,8 +121,9 @@ class MultiHeadAttention(nnx.Module):
     if sliding_window is not None and (not isinstance(sliding_window, int)
                                        or sliding_window < 1):
       raise ValueError(f'sliding_window={sliding_window!r}: use an integer >= 1 or None.')
+    check_options(implementation, chunked_strategy, chunk_size)
     self.implementation, self.chunk_size = implementation, chunk_size
-    self.chunked_strategy = chunked_strategy
+    self.chunked_strategy, self.causal = chunked_strategy, bool(causal)
     self.d_model, self.num_heads, self.num_kv_heads = d_model, num_heads, num_kv_heads
     self.sliding_window = sliding_window
     self.head_dim = d_model // num_heads
@@ -119,34 +133,34 @@ class MultiHeadAttention(nnx.Module):
     self.W_K = nnx.LinearGeneral(d_model, (num_kv_heads, self.head_dim), **proj)
     self.W_V = nnx.LinearGeneral(d_model, (num_kv_heads, self.head_dim), **proj)
     self.W_O = nnx.LinearGeneral(heads, d_model, axis=(-2, -1), **proj)
-    self.positional = _resolve_positional(
-        encoding, d_model=d_model, num_heads=num_heads,
-        max_positions=max_positions, causal=causal, rngs=rngs)
+    self.positional = resolve_encoding(
+        encoding, d_model=d_model, num_heads=num_heads, max_positions=max_positions,
+        causal=self.causal, rngs=rngs, owner='MultiHeadAttention')
 
   def __call__(self, x: jnp.ndarray, context: Optional[jnp.ndarray] = None, *,
                mask: Optional[jnp.ndarray] = None,
                bias: Optional[jnp.ndarray] = None,
                positions: Optional[jnp.ndarray] = None,
                context_positions: Optional[jnp.ndarray] = None,
-               causal: bool = False, kv_lengths: Optional[jnp.ndarray] = None,
-               return_weights: bool = True):
+               kv_lengths: Optional[jnp.ndarray] = None,
+               return_weights: bool = False):
     """Self-attention over `x`, or cross-attention from `x` to `context`.
 
     Args:
       x: queries' inputs `[B, T_q, d_model]`.
       context: keys'/values' inputs `[B, T_k, d_model]`; default `x`.
-      mask: boolean, broadcastable to `[B, H, T_q, T_k]`, True = attend.
-      bias: additive, broadcastable to `[B, H, T_q, T_k]`.
+      mask: boolean `[T_q, T_k]` or `[B|1, H|1, T_q, T_k]`, True = attend,
+        combined with the module's causal mask and window.
+      bias: additive, `[T_q, T_k]` or `[B|1, H|1, T_q, T_k]`.
       positions: integer `[T_q]` or `[B, T_q]`; default `0 … T_q-1`.
       context_positions: for the keys; default `positions` for
         self-attention, `0 … T_k-1` for cross-attention.
-      causal: query i attends to keys j <= i (combined with `mask`).
       kv_lengths: int `[B]`: keys at positions >= kv_lengths[b] are padding.
-      return_weights: return the attention weights (dense path only).
+      return_weights: also return the attention weights (dense kernel).
 
     Returns:
-      `(out, weights)`: `[B, T_q, d_model]` and float32 `[B, H, T_q, T_k]`
-      (None when `return_weights` is False).
+      out `[B, T_q, d_model]`, or `(out, weights float32 [B, H, T_q, T_k])`
+      with `return_weights`.
     """
     self_attention = context is None
     context = x if self_attention else context
@@ -154,6 +168,10 @@ class MultiHeadAttention(nnx.Module):
       if a.ndim != 3 or a.shape[-1] != self.d_model:
         raise ValueError(
             f'{name} must be [batch, length, {self.d_model}], got {a.shape}.')
+    if self.causal and x.shape[1] != context.shape[1]:
+      raise ValueError(f'this MultiHeadAttention is causal (causal=True), which needs as '
+                       f'many queries as keys, got {x.shape[1]} and {context.shape[1]}; '
+                       'build cross-attention with causal=False.')
     if positions is None:
       positions = np.arange(x.shape[1], dtype=np.int32)
     if context_positions is None:
@@ -161,28 +179,16 @@ class MultiHeadAttention(nnx.Module):
                            else np.arange(context.shape[1], dtype=np.int32))
     q, k, v = self.W_Q(x), self.W_K(context), self.W_V(context)
     q, k = self.positional.rotate_queries_keys(q, k, positions, context_positions)
-    enc = self.positional
-    default_positions = _is_arange(positions) and _is_arange(context_positions)
-    slopes = enc.linear_bias_slopes() if default_positions else None
-    obstacles = []
-    if enc.has_attention_bias and enc.linear_bias_slopes() is None:
-      obstacles.append(f'the bias of {type(enc).__name__}, which is not linear in i - j')
-    elif enc.has_attention_bias and slopes is None:
-      obstacles.append('a position bias with positions other than the default 0 … T-1')
-    impl = select_implementation(
-        self.implementation, t_k=context.shape[1], dtype=q.dtype, head_dim=self.head_dim,
-        return_weights=return_weights, dense_mask=mask is not None,
-        dense_bias=bias is not None, chunked_obstacles=tuple(obstacles))
-    if impl == 'chunked':
-      enc_bias = None  # ALiBi rebuilt block by block from its slopes
-    else:
-      enc_bias, slopes = enc.attention_bias(positions, context_positions), None
-    out, weights = scaled_dot_product_attention(
-        q, k, v, mask=mask, bias=_add_biases(bias, enc_bias), causal=causal,
-        kv_lengths=kv_lengths, alibi_slopes=slopes, window=self.sliding_window,
-        implementation=impl, return_weights=return_weights, chunk_size=self.chunk_size,
-        chunked_strategy=self.chunked_strategy)
-    return self.W_O(out), weights
+    result = scaled_dot_product_attention(
+        q, k, v, mask=mask, bias=bias,
+        score_bias=self.positional.score_bias(positions, context_positions),
+        causal=self.causal, kv_lengths=kv_lengths, window=self.sliding_window,
+        implementation=self.implementation, return_weights=return_weights,
+        chunk_size=self.chunk_size, chunked_strategy=self.chunked_strategy)
+    if return_weights:
+      out, weights = result
+      return self.W_O(out), weights
+    return self.W_O(result)
 
   def init_cache(self, batch_size: int, cache_size: int, dtype=jnp.float32) -> dict:
     """An empty cache for `extend`: key/value `[B, cache_size, H_kv, D]`
@@ -229,9 +235,13 @@ class MultiHeadAttention(nnx.Module):
     mask = keys <= slots[:, None]  # causal; also hides the slots not yet written
     if self.sliding_window is not None:
       mask = mask & (slots[:, None] - keys < self.sliding_window)
-    bias = self.positional.attention_bias(positions, cache['positions'])
-    out, _ = multi_head_attention(q, cache['key'].astype(q.dtype),
-                                  cache['value'].astype(v.dtype), mask=mask, bias=bias)
+    # The mask moves with `start`, which blocks do not express; the queries
+    # are one token (or a prompt), cheap on the other kernels.
+    implementation = 'auto' if self.implementation == 'chunked' else self.implementation
+    out = scaled_dot_product_attention(
+        q, cache['key'].astype(q.dtype), cache['value'].astype(v.dtype), mask=mask,
+        score_bias=self.positional.score_bias(positions, cache['positions']),
+        implementation=implementation)
     return self.W_O(out), cache
 
 
@@ -259,28 +269,35 @@ class SelfAttention(nnx.Module):
     d_k: width of queries and keys (and values unless `d_v` is given).
     d_v: width of values and of the output; default `d_k`.
     encoding: encoding acting inside attention ('rope', 'alibi', …).
-    max_positions, causal: passed to the encoding when built from a name.
+    causal: query i attends only to keys j <= i (and the encoding's causal
+      bias); default True.
+    max_positions: passed to an encoding built from a name.
+    implementation: as in `MultiHeadAttention`; default 'auto'.
     rngs: `nnx.Rngs` for the parameters.
   """
 
   def __init__(self, d_model: int, d_k: int, *, d_v: Optional[int] = None,
-               encoding: Positional = None, max_positions: Optional[int] = None,
-               causal: bool = True, dtype=None, param_dtype=jnp.float32,
+               encoding: Positional = None, causal: bool = True,
+               max_positions: Optional[int] = None, dtype=None,
+               param_dtype=jnp.float32, implementation: str = 'auto',
                rngs: nnx.Rngs):
+    check_options(implementation)
     proj = dict(use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-    self.d_model = d_model
+    self.d_model, self.causal, self.implementation = d_model, bool(causal), implementation
     self.W_Q = nnx.Linear(d_model, d_k, **proj)
     self.W_K = nnx.Linear(d_model, d_k, **proj)
     self.W_V = nnx.Linear(d_model, d_v or d_k, **proj)
-    self.positional = _resolve_positional(
+    self.positional = resolve_encoding(
         encoding, d_model=d_k, num_heads=1, max_positions=max_positions,
-        causal=causal, rngs=rngs)
+        causal=self.causal, rngs=rngs, owner='SelfAttention')
 
   def __call__(self, x: jnp.ndarray, *, mask: Optional[jnp.ndarray] = None,
                bias: Optional[jnp.ndarray] = None,
-               positions: Optional[jnp.ndarray] = None):
-    """x `[B, T, d_model]`; mask/bias broadcastable to `[B, T, T]`; positions
-    `[T]` or `[B, T]` -> `(out [B, T, d_v], weights float32 [B, T, T])`."""
+               positions: Optional[jnp.ndarray] = None, return_weights: bool = False):
+    """x `[B, T, d_model]`; mask (True = attend) and bias `[T, T]`,
+    `[B|1, T, T]` or `[B|1, 1, T, T]` (one head: rank 3 is unambiguous here);
+    positions `[T]` or `[B, T]` -> out `[B, T, d_v]`, or `(out, weights
+    float32 [B, T, T])` with `return_weights`."""
     if x.ndim != 3 or x.shape[-1] != self.d_model:
       raise ValueError(f'x must be [batch, length, {self.d_model}], got {x.shape}.')
     if positions is None:
@@ -288,7 +305,11 @@ class SelfAttention(nnx.Module):
     # One head: a head axis of size 1 lets the multi-head path do the work.
     q, k, v = (w(x)[:, :, None, :] for w in (self.W_Q, self.W_K, self.W_V))
     q, k = self.positional.rotate_queries_keys(q, k, positions, positions)
-    head_axis = lambda a: a if a is None or a.ndim < 3 else a[..., None, :, :]
-    bias = _add_biases(head_axis(bias), self.positional.attention_bias(positions, positions))
-    out, weights = multi_head_attention(q, k, v, mask=head_axis(mask), bias=bias)
-    return out[:, :, 0, :], weights[:, 0]
+    head_axis = lambda a: a[:, None] if a is not None and a.ndim == 3 else a
+    result = scaled_dot_product_attention(
+        q, k, v, mask=head_axis(mask), bias=head_axis(bias),
+        score_bias=self.positional.score_bias(positions, positions), causal=self.causal,
+        implementation=self.implementation, return_weights=return_weights)
+    if return_weights:
+      return result[0][:, :, 0, :], result[1][:, 0]
+    return result[:, :, 0, :]

@@ -5,9 +5,10 @@ LayerNorm and an *untied* output projection: tying would make the input
 embedding double as the classifier, coupling the two in a way that differs
 between encodings that add to the embeddings and those that do not.
 
-The positional encoding is chosen by name and built once; every attention
-layer shares the same object, so its hooks (and a learned table's single
-parameter) are the same in all layers.
+The positional encoding is chosen by name and built once: an absolute one
+(sinusoidal, learned) is added to the embeddings, any other is shared by
+every attention layer, so its hooks and parameters are the same in all
+layers.
 """
 
 from typing import Optional
@@ -27,7 +28,8 @@ class Block(nnx.Module):
   """Pre-LN transformer block: causal self-attention and a GELU MLP."""
 
   def __init__(self, d_model: int, num_heads: int, mlp_dim: int,
-               positional: PositionalEncoding, *, rngs: nnx.Rngs, **attention_options):
+               positional: Optional[PositionalEncoding], *, rngs: nnx.Rngs,
+               **attention_options):
     self.attention_norm = nnx.LayerNorm(d_model, rngs=rngs)
     self.attention = MultiHeadAttention(d_model, num_heads, encoding=positional,
                                         rngs=rngs, **attention_options)
@@ -37,8 +39,9 @@ class Block(nnx.Module):
 
   def __call__(self, x, *, positions, return_weights):
     """x `[B, T, d_model]` -> (`[B, T, d_model]`, weights `[B, H, T, T]` or None)."""
-    h, weights = self.attention(self.attention_norm(x), causal=True, positions=positions,
-                                return_weights=return_weights)
+    h = self.attention(self.attention_norm(x), positions=positions,
+                       return_weights=return_weights)
+    h, weights = h if return_weights else (h, None)
     return self._mlp(x + h), weights
 
   def extend(self, x, cache, start, positions):
@@ -78,8 +81,10 @@ class TransformerLM(nnx.Module):
     self.positional = make_encoding(encoding, d_model=d_model, num_heads=num_heads,
                                     max_positions=max_positions, causal=True, rngs=rngs,
                                     **(encoding_options or {}))
+    # Absolute encodings act once, on the embeddings; blocks get the rest.
+    in_attention = self.positional if self.positional.acts_in_attention else None
     self.blocks = nnx.List([
-        Block(d_model, num_heads, mlp_dim, self.positional, rngs=rngs,
+        Block(d_model, num_heads, mlp_dim, in_attention, rngs=rngs,
               num_kv_heads=num_kv_heads, sliding_window=sliding_window,
               implementation=implementation)
         for _ in range(num_layers)])
@@ -161,3 +166,48 @@ def greedy_predictions(model: TransformerLM, inputs: jax.Array,
   init = (model.init_cache(b, t), jnp.zeros((b,), jnp.int32))
   _, predictions = jax.lax.scan(step, init, jnp.arange(t, dtype=jnp.int32))
   return predictions.T
+
+
+def generate(model: TransformerLM, prompt: jax.Array, num_tokens: int, *,
+             positions: Optional[jax.Array] = None) -> jax.Array:
+  """Greedy generation with the key/value cache.
+
+  Args:
+    model: a `TransformerLM`.
+    prompt: int `[B, P]`, P >= 1 tokens.
+    num_tokens: how many tokens to append.
+    positions: optional int `[P + num_tokens]` or `[B, P + num_tokens]` for
+      the encoding (default 0 … P+num_tokens-1).
+
+  Returns:
+    int32 `[B, P + num_tokens]`: the prompt, then at each step the argmax of
+    the logits after the tokens so far — what re-running the model on the
+    growing sequence would pick.
+  """
+  prompt = jnp.asarray(prompt, jnp.int32)
+  if prompt.ndim != 2 or prompt.shape[1] < 1:
+    raise ValueError(f'prompt must be int [batch, length >= 1], got shape {prompt.shape}.')
+  if num_tokens < 0:
+    raise ValueError(f'num_tokens must be >= 0, got {num_tokens}.')
+  (b, p), total = prompt.shape, prompt.shape[1] + num_tokens
+  if num_tokens == 0:
+    return prompt
+  if positions is not None:
+    positions = jnp.broadcast_to(jnp.asarray(positions, jnp.int32), (b, total))
+  logits, cache = model.extend(prompt, model.init_cache(b, total), 0,
+                               positions=None if positions is None else positions[:, :p])
+  first = jnp.argmax(logits[:, -1], -1).astype(jnp.int32)
+  graphdef, state = nnx.split(model)  # a pure scan body: merge inside
+
+  def step(carry, slot):
+    cache, token = carry
+    pos = (None if positions is None
+           else jax.lax.dynamic_slice_in_dim(positions, slot, 1, 1))
+    # Slots P … total-2 of a cache of `total`: in range by construction.
+    logits, cache = nnx.merge(graphdef, state)._extend(  # pylint: disable=protected-access
+        token[:, None], cache, slot, positions=pos)
+    nxt = jnp.argmax(logits[:, 0], -1).astype(jnp.int32)
+    return (cache, nxt), nxt
+
+  _, rest = jax.lax.scan(step, (cache, first), jnp.arange(p, total - 1, dtype=jnp.int32))
+  return jnp.concatenate([prompt, first[:, None], rest.T], axis=1)

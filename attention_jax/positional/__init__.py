@@ -9,6 +9,7 @@ from attention_jax.positional.base import NoPE
 from attention_jax.positional.base import PositionalEncoding
 from attention_jax.positional.hard_alibi import HardALiBi
 from attention_jax.positional.hard_alibi import hard_alibi_bias
+from attention_jax.positional.base import heads_rank4
 from attention_jax.positional.learned import Learned
 from attention_jax.positional.learned import learned_lookup
 from attention_jax.positional.learned_window import LearnedWindow
@@ -16,6 +17,7 @@ from attention_jax.positional.learned_window import learned_window_bias
 from attention_jax.positional.registry import ENCODINGS
 from attention_jax.positional.registry import make_encoding
 from attention_jax.positional.registry import parse_encoding_spec
+from attention_jax.positional.registry import register_encoding
 from attention_jax.positional.kerple import KERPLE
 from attention_jax.positional.kerple import kerple_log_bias
 from attention_jax.positional.randomized import random_positions

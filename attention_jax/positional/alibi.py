@@ -12,7 +12,12 @@ heads: 1/2, 1/4, …, 1/256, then 2^-0.5, 2^-1.5, 2^-2.5, 2^-3.5.
 Causal (`causal=True`): bias `-slope * (i - j)`, meant for keys j <= i (the
 causal mask hides the rest). Bidirectional (`causal=False`): the symmetric
 variant `-slope * |i - j|`, which penalises distance in both directions alike.
-The bias is built from `i - j` directly: O(T_q T_k) memory and work per head.
+
+In a model, the causal bias at positions 0 … T-1 is handed to attention as a
+`LinearBias` (its slopes): the blockwise kernel rebuilds it block by block and
+the dense one materialises it with `attention.scores.linear_bias`, the helper
+every ALiBi bias here is built with. Other positions, or the symmetric bias,
+are a `DenseBias`: O(T_q T_k) memory and work per head.
 """
 
 import math
@@ -20,7 +25,13 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
+from attention_jax.attention.scores import DenseBias
+from attention_jax.attention.scores import LinearBias
+from attention_jax.attention.scores import is_arange
+from attention_jax.attention.scores import linear_bias
+from attention_jax.attention.scores import relative_distance
 from attention_jax.positional.base import PositionalEncoding
+from attention_jax.positional.base import heads_rank4
 
 
 def _power_of_two_slopes(n: int) -> list[float]:
@@ -42,12 +53,8 @@ def alibi_bias_at(slopes: jnp.ndarray, q_positions: jnp.ndarray,
                   k_positions: jnp.ndarray, causal: bool = True) -> jnp.ndarray:
   """Bias from integer positions `[T_q]`, `[T_k]` (or `[B, T_q]`, `[B, T_k]`)
   -> float32 `[H, T_q, T_k]` (or `[B, H, T_q, T_k]`)."""
-  distance = (jnp.asarray(q_positions)[..., None, :, None]
-              - jnp.asarray(k_positions)[..., None, None, :])
-  if not causal:
-    distance = jnp.abs(distance)
-  slopes = jnp.asarray(slopes, jnp.float32)[:, None, None]
-  return -slopes * distance.astype(jnp.float32)
+  distance = relative_distance(q_positions, k_positions)
+  return linear_bias(slopes, distance if causal else jnp.abs(distance))
 
 
 def alibi_bias(num_heads: int, q_len: int, k_len: int,
@@ -71,8 +78,16 @@ class ALiBi(PositionalEncoding):
     return cls(num_heads, causal)
 
   def attention_bias(self, q_positions, k_positions):
-    return alibi_bias_at(self.slopes, q_positions, k_positions, self.causal)
+    """-> float32 `[1|B, H, T_q, T_k]`."""
+    return heads_rank4(alibi_bias_at(self.slopes, q_positions, k_positions, self.causal))
 
-  def linear_bias_slopes(self):
-    # The causal bias is linear in i - j; the symmetric one (|i - j|) is not.
-    return np.asarray(self.slopes, np.float32) if self.causal else None
+  def score_bias(self, q_positions, k_positions):
+    """`LinearBias(slopes)` for the causal bias at positions 0 … T-1 (linear
+    in the token indices i - j), else the materialised `DenseBias`."""
+    if self.causal and is_arange(q_positions) and is_arange(k_positions):
+      return LinearBias(self.slopes)
+    why = ('bidirectional, -slope·|i - j|, which is not linear in i - j' if not self.causal
+           else 'at positions other than the default 0 … T-1 (a linear bias is built '
+           'from token indices)')
+    return DenseBias(self.attention_bias(q_positions, k_positions),
+                     origin=f'the bias of ALiBi ({why})')

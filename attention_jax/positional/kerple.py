@@ -12,7 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from attention_jax.attention.scores import relative_distance
 from attention_jax.positional.base import PositionalEncoding
+from attention_jax.positional.base import heads_rank4
 
 _SOFTPLUS_INVERSE_OF_ONE = float(np.log(np.expm1(1.0)))
 
@@ -20,8 +22,8 @@ _SOFTPLUS_INVERSE_OF_ONE = float(np.log(np.expm1(1.0)))
 def kerple_log_bias(r1: jnp.ndarray, r2: jnp.ndarray, q_positions, k_positions) -> jnp.ndarray:
   """`-r1 · log(1 + r2 · |i - j|)`, float32 `[H, T_q, T_k]` (or `[B, H, T_q, T_k]`)
   from positive `r1`, `r2` `[H]` and integer positions `[T]` (or `[B, T]`)."""
-  distance = jnp.abs(jnp.asarray(q_positions)[..., None, :, None]
-                     - jnp.asarray(k_positions)[..., None, None, :]).astype(jnp.float32)
+  distance = jnp.abs(relative_distance(q_positions, k_positions))[..., None, :, :]
+  distance = distance.astype(jnp.float32)
   r1 = jnp.asarray(r1, jnp.float32)[:, None, None]
   r2 = jnp.asarray(r2, jnp.float32)[:, None, None]
   return -r1 * jnp.log1p(r2 * distance)
@@ -41,5 +43,7 @@ class KERPLE(PositionalEncoding):
     return cls(num_heads)
 
   def attention_bias(self, q_positions, k_positions):
-    return kerple_log_bias(jax.nn.softplus(self.raw_r1[...]),
-                           jax.nn.softplus(self.raw_r2[...]), q_positions, k_positions)
+    """-> float32 `[1|B, H, T_q, T_k]`."""
+    return heads_rank4(kerple_log_bias(jax.nn.softplus(self.raw_r1[...]),
+                                       jax.nn.softplus(self.raw_r2[...]),
+                                       q_positions, k_positions))

@@ -48,7 +48,8 @@ class Learned(PositionalEncoding):
                stddev: float = 0.02):
     if max_positions is None or max_positions < 1:
       raise ValueError(
-          f"the 'learned' encoding needs max_positions >= 1, got {max_positions}.")
+          f"the 'learned' encoding needs max_positions >= 1 (the rows of its table, "
+          f'e.g. TransformerLM(max_positions=...)), got {max_positions}.')
     self.max_positions = max_positions
     self.table = nnx.Param(
         nnx.initializers.normal(stddev)(rngs.params(), (max_positions, d_model)))

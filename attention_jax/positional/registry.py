@@ -1,8 +1,9 @@
 """The one place that maps a config string to a positional encoding.
 
 Adding an encoding: write its module (a `PositionalEncoding` subclass with a
-`build` classmethod taking the common arguments below plus its own keyword
-options) and add one entry here.
+`build` classmethod taking the common arguments of `make_encoding` plus its
+own keyword options) and add one entry to `ENCODINGS`, or, from outside the
+package, call `register_encoding(name, cls)`.
 """
 
 from typing import Optional
@@ -34,6 +35,25 @@ ENCODINGS = {
 
 
 MODIFIERS = ('randomized', 'coupled')  # coupled: position coupling (Cho et al. 2024), set up by the lab's tasks
+
+
+def register_encoding(name: str, cls: type, *, overwrite: bool = False) -> None:
+  """Makes `cls` (a `PositionalEncoding` subclass with a `build` classmethod)
+  available as `name` to `make_encoding`, `parse_encoding_spec` and every
+  model taking `encoding=name`. A name already taken is an error unless
+  `overwrite=True`."""
+  if not isinstance(name, str) or not name or ':' in name:
+    raise ValueError(f'encoding name must be a non-empty string without ":" (it '
+                     f'separates modifiers such as ":randomized"), got {name!r}.')
+  if not (isinstance(cls, type) and issubclass(cls, PositionalEncoding)):
+    raise TypeError(f'{cls!r} is not a PositionalEncoding subclass.')
+  if not callable(getattr(cls, 'build', None)):
+    raise TypeError(f'{cls.__name__} needs a `build` classmethod taking d_model, '
+                    'num_heads, max_positions, causal, rngs and its own options.')
+  if name in ENCODINGS and not overwrite and ENCODINGS[name] is not cls:
+    raise ValueError(f'encoding {name!r} is already registered '
+                     f'({ENCODINGS[name].__name__}); pass overwrite=True to replace it.')
+  ENCODINGS[name] = cls
 
 
 def parse_encoding_spec(spec: str) -> tuple[str, bool]:

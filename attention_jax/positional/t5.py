@@ -14,7 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from attention_jax.attention.scores import relative_distance
 from attention_jax.positional.base import PositionalEncoding
+from attention_jax.positional.base import heads_rank4
 
 
 def relative_position_bucket(q_positions, k_positions, *, causal: bool = True,
@@ -24,8 +26,7 @@ def relative_position_bucket(q_positions, k_positions, *, causal: bool = True,
   if num_buckets < 2 or (not causal and num_buckets < 4):
     raise ValueError(f'num_buckets={num_buckets} is too small (>= 2 causal, >= 4 '
                      'bidirectional).')
-  distance = (jnp.asarray(q_positions)[..., :, None]
-              - jnp.asarray(k_positions)[..., None, :]).astype(jnp.int32)  # i - j
+  distance = relative_distance(q_positions, k_positions)  # i - j
   offset = jnp.zeros_like(distance)
   if causal:
     distance = jnp.maximum(distance, 0)  # keys after the query are masked anyway
@@ -62,8 +63,9 @@ class T5RelativeBias(PositionalEncoding):
                max_distance=max_distance, rngs=rngs)
 
   def attention_bias(self, q_positions, k_positions):
+    """-> float32 `[1|B, H, T_q, T_k]`: the table at each pair's bucket."""
     buckets = relative_position_bucket(
         q_positions, k_positions, causal=self.causal, num_buckets=self.num_buckets,
         max_distance=self.max_distance)
     bias = jnp.take(self.table[...].astype(jnp.float32), buckets, axis=0)  # [..., Tq, Tk, H]
-    return jnp.moveaxis(bias, -1, -3)  # [..., H, Tq, Tk]
+    return heads_rank4(jnp.moveaxis(bias, -1, -3))  # [1|B, H, Tq, Tk]
