@@ -42,8 +42,8 @@ def train_step(graphdef: nnx.GraphDef, state: nnx.State,
 def step_function(*, graphdef: nnx.GraphDef, task: tasks.Task, batch_size: int,
                   min_length: int, max_length: int, vocab_size: int, layout: str,
                   data_sharding: Optional[jax.sharding.Sharding] = None,
-                  max_position: int = 0, steps_per_call: int = 1,
-                  vmap_seeds: bool = False):
+                  max_position: int = 0, draw: str = 'per_example',
+                  steps_per_call: int = 1, vmap_seeds: bool = False):
   """`(state, step, seed) -> (state, metrics)`: steps `step … step +
   steps_per_call - 1`, each generating its batch of `seed` on device and
   applying `train_step`, in one XLA program (a `lax.scan`), the state donated.
@@ -57,7 +57,8 @@ def step_function(*, graphdef: nnx.GraphDef, task: tasks.Task, batch_size: int,
   step, which matters when a step takes a few milliseconds. `seed` and `step`
   are traced. With `data_sharding`, the batch is laid out along it (data
   parallelism: XLA partitions the step and all-reduces the gradients).
-  `max_position` > 0 trains on randomized positions (`tasks.train_batch`).
+  `max_position` > 0 trains on randomized positions drawn `draw`-wise
+  (`tasks.train_batch`).
 
   `vmap_seeds`: the state carries a leading seed axis `[S, ...]` and `seed`
   is int32 `[S]`; each seed steps on its own batch stream, all in one
@@ -68,7 +69,7 @@ def step_function(*, graphdef: nnx.GraphDef, task: tasks.Task, batch_size: int,
     batch = tasks.train_batch(task, seed, step, batch_size=batch_size,
                               min_length=min_length, max_length=max_length,
                               vocab_size=vocab_size, layout=layout,
-                              max_position=max_position)
+                              max_position=max_position, draw=draw)
     if data_sharding is not None:
       batch = jax.lax.with_sharding_constraint(batch, data_sharding)
     return train_step(graphdef, state, batch)
