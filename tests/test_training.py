@@ -138,7 +138,7 @@ class ConfigValidationTest(parameterized.TestCase):
        r'model.num_kv_heads=3 must divide model.num_heads=2'),
       ('window', {'model.sliding_window': -1}, r'model.sliding_window=-1 must be >= 0'),
       ('rope_scaling', {'eval.rope_scalings': ('linear',)},
-       r"eval.rope_scalings has 'linear'; allowed: \['ntk', 'pi', 'yarn'\]"),
+       r"eval.rope_scalings has 'linear'; allowed: \['ntk', 'pi', 'yarn', 'yarn_paper'\]"),
       ('randomized_eval', {'positions.randomized_eval': 'shuffled'},
        r"positions.randomized_eval has 'shuffled'; allowed"),
       ('score', {'model.attention_score': 'cosine'}, r"model.attention_score has 'cosine'"),
