@@ -58,6 +58,10 @@ def get_config(arg=None):
   c.task.vocab_size = 16  # symbols in x (special tokens BOS/SEP/EOS/PAD come on top)
   c.task.train_min_length = 1  # shortest training input, inclusive
   c.task.train_max_length = 8  # longest training input, inclusive ("L_train")
+  # Examples packed back to back into one training sequence (Jelassi et al.
+  # 2024: earlier examples are distractors, later ones sit at large positions);
+  # the loss covers every example's outputs. Evaluation: one per sequence.
+  c.task.pack = 1
 
   c.model = ml_collections.ConfigDict()
   c.model.kind = 'transformer'  # transformer | seq2seq | seq2seq_attention (GRU, lesson 7.1)
@@ -71,6 +75,14 @@ def get_config(arg=None):
       num_buckets=32,  # learned relative-distance buckets per head
       max_distance=128,  # distances from here on share the last bucket
   ))
+  # Hard-ALiBi (Jelassi et al. 2024): head h < len(widths) sees only keys
+  # with 0 <= i - j < widths[h], the other heads are NoPE; official: 1, 2, …, M.
+  c.model.encoding_options.hard_alibi = ml_collections.ConfigDict(dict(widths=(1, 2)))
+  c.model.encoding_options.learned_window = ml_collections.ConfigDict(dict(
+      init_widths=(1, 2),  # one trained soft window per entry, from these widths; other heads NoPE
+      temperature=4.0,  # initial edge sharpness τ (bias log σ(τ (w − ½ − d)))
+      learn_temperature=True,  # train τ too (else fixed)
+  ))
   c.model.d_model = 64  # residual stream width (seq2seq: embedding width)
   c.model.num_heads = 4  # attention heads; must divide d_model
   c.model.num_layers = 2  # pre-LayerNorm transformer blocks
@@ -83,8 +95,10 @@ def get_config(arg=None):
   c.model.bidirectional = False  # seq2seq only: forward + backward GRU encoder
   c.model.attention_score = 'additive'  # seq2seq_attention only: additive (Bahdanau) | dot (Luong)
 
-  c.positions = ml_collections.ConfigDict()  # NAME:randomized encodings only
-  c.positions.max_position = 0  # randomized positions come from [0, max_position); 0 = 2 × the longest eval sequence
+  c.positions = ml_collections.ConfigDict()  # NAME:randomized and NAME:coupled encodings only
+  # randomized: positions from [0, max_position), 0 = 2 × the longest eval sequence;
+  # coupled (Cho et al. 2024): ids below max_position, 0 = eval.max_length + 3.
+  c.positions.max_position = 0
   c.positions.randomized_eval = 'random'  # evaluation positions: random (as trained) | contiguous (0 … T-1)
   c.positions.draw = 'per_example'  # per_example (ours) | per_batch (the official code: one sorted sample shared by the batch)
 
@@ -121,6 +135,10 @@ def get_config(arg=None):
   c.study.models = ('transformer',)  # model kinds swept; encodings apply to transformers
   c.study.encodings = (preset['encoding'],) if preset['encoding'] else ENCODINGS  # encodings swept
   c.study.seeds = (0, 1, 2)  # training seeds swept (overrides train.seed)
+  # A run directory trained with another config (a field that changes the
+  # trained model, see attention_jax/lab/identity.py): 'error' refuses it,
+  # 'retrain' trains into a fresh sibling directory (seed0-2, …).
+  c.study.on_mismatch = 'error'
   # Modules imported before anything else, e.g. one that registers its own
   # encoding with attention_jax.register_encoding (--config.imports="('mypkg.encodings',)").
   c.imports = ()

@@ -8,6 +8,8 @@ of two layouts (`tasks.LAYOUTS`): 'decoder_only' (`inputs`, `targets`,
 functions here are the only place that knows both.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -33,6 +35,38 @@ def is_randomized(config: ml_collections.ConfigDict) -> bool:
           and parse_encoding_spec(config.model.encoding)[1])
 
 
+def is_coupled(config: ml_collections.ConfigDict) -> bool:
+  """Whether the run trains on coupled positions ('NAME:coupled'; Cho et al.
+  2024, `tasks/coupling.py`)."""
+  return (config.model.kind == 'transformer'
+          and config.model.encoding.partition(':')[2] == 'coupled')
+
+
+def coupled_max_position(config: ml_collections.ConfigDict) -> int:
+  """Coupled position ids lie in [0, this); 0 when not coupled. Default
+  (`positions.max_position` 0): eval.max_length + 3, the ids of the longest
+  evaluated input at offset 1, every one of them trained by random offsets."""
+  if not is_coupled(config):
+    return 0
+  return config.positions.max_position or config.eval.max_length + 3
+
+
+def configured_task(config: ml_collections.ConfigDict) -> tasks.Task:
+  """`config.task.name`'s task with the config's data options: `task.pack`
+  examples per training sequence (transformers; 1 for seq2seq models) and
+  coupled positions ('NAME:coupled'). A ValueError names a bad value."""
+  task = tasks.get_task(config.task.name)
+  pack = config.task.get('pack', 1)
+  if isinstance(pack, bool) or not isinstance(pack, int) or pack < 1:
+    raise ValueError(f'invalid config: task.pack={pack!r} must be an integer >= 1 '
+                     '(examples per training sequence).')
+  max_position = coupled_max_position(config)
+  if max_position:
+    tasks.coupling.check_max_position(max_position, config.eval.max_length)
+  return dataclasses.replace(task, pack=pack if config.model.kind == 'transformer' else 1,
+                             coupled_max_position=max_position)
+
+
 def longest_sequence(config: ml_collections.ConfigDict) -> int:
   """Tokens the model reads at the longest evaluated input."""
   return tasks.tokens_read(tasks.get_task(config.task.name), config.eval.max_length)
@@ -51,7 +85,8 @@ def model_max_positions(config: ml_collections.ConfigDict) -> int:
   (validated elsewhere)."""
   if config.model.max_positions:
     return config.model.max_positions
-  return max(longest_sequence(config), randomized_max_position(config))
+  return max(longest_sequence(config), randomized_max_position(config),
+             coupled_max_position(config))
 
 
 def encoding_options(config: ml_collections.ConfigDict) -> dict:

@@ -12,3 +12,5 @@ from attention_jax.lab.tasks.copy import sequence_length
 from attention_jax.lab.tasks.copy import tokens_read
 from attention_jax.lab.tasks.copy import train_batch
 from attention_jax.lab.tasks.copy import with_random_positions
+from attention_jax.lab.tasks import coupling
+from attention_jax.lab.tasks import packing

@@ -14,6 +14,12 @@ stream on every run and after a resume. Examples in a batch have different
 lengths and are right-padded. Under a causal mask padding sits after every
 real token and so is never attended by one; it only has to be kept out of the
 loss, which `loss_mask` does.
+
+Two options ride on the `Task` (set from a config by
+`lab.models.configured_task`): `pack`, examples packed per training sequence
+(`packing.py`; evaluation stays one per sequence), and
+`coupled_max_position`, position coupling (`coupling.py`): the batches then
+carry `positions`, the coupled ids, for the model to read.
 """
 
 import dataclasses
@@ -22,6 +28,8 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from attention_jax.lab.tasks import coupling
+from attention_jax.lab.tasks import packing
 from attention_jax.positional.randomized import random_positions
 
 PAD, BOS, SEP, EOS = 0, 1, 2, 3
@@ -48,6 +56,8 @@ class Task:
   output_factor: int  # m = output_factor * n
   # (x [B, N], n [B], j [B, M]) -> y_j [B, M]: the j-th output token.
   rule: Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
+  pack: int = 1  # examples per training sequence (train_batch only)
+  coupled_max_position: int = 0  # > 0: coupled position ids, all below this
 
 
 TASKS = {
@@ -93,6 +103,20 @@ def make_batch(task: Task, key: jax.Array, lengths: jax.Array, *,
     loss_mask: bool, True on output tokens (y and EOS) of `targets`.
   and `lengths` `[B]`. Symbols are `NUM_SPECIAL … NUM_SPECIAL + vocab_size - 1`.
   """
+  tokens, is_output = _example_tokens(task, key, lengths, vocab_size, max_input_length)
+  batch = dict(inputs=tokens[:, :-1], targets=tokens[:, 1:],
+               loss_mask=is_output[:, 1:], lengths=lengths)
+  if task.coupled_max_position:  # evaluation: offset 1 (coupling.py)
+    positions = coupling.coupled_positions(task, lengths, tokens.shape[1],
+                                           jnp.ones_like(lengths))
+    batch['positions'] = positions[:, :-1]
+  return batch
+
+
+def _example_tokens(task: Task, key: jax.Array, lengths: jax.Array, vocab_size: int,
+                    max_input_length: int) -> tuple[jax.Array, jax.Array]:
+  """`BOS x SEP y EOS PAD …` int32 `[B, sequence_length]` and its output
+  tokens (y and EOS), bool, same shape."""
   b = lengths.shape[0]
   total = sequence_length(task, max_input_length)
   x = _sample_inputs(key, b, max_input_length, vocab_size)
@@ -106,8 +130,7 @@ def make_batch(task: Task, key: jax.Array, lengths: jax.Array, *,
       [p == 0, p <= n, p == n + 1, p < n + 2 + m, p == n + 2 + m],
       [BOS, x_at, SEP, y_at, EOS], PAD).astype(jnp.int32)
   is_output = (p >= n + 2) & (p <= n + 2 + m)
-  return dict(inputs=tokens[:, :-1], targets=tokens[:, 1:],
-              loss_mask=is_output[:, 1:], lengths=lengths)
+  return tokens, is_output
 
 
 def make_seq2seq_batch(task: Task, key: jax.Array, lengths: jax.Array, *,
@@ -165,13 +188,52 @@ def train_batch(task: Task, seed: int, step: jax.Array, *, batch_size: int,
                 draw: str = 'per_example') -> dict[str, jax.Array]:
   """The training batch of `step` for `seed`: the same on every run. With
   `max_position` > 0 (decoder-only layout), randomized positions too, drawn
-  per example or per batch (`draw`, see `with_random_positions`)."""
+  per example or per batch (`draw`, see `with_random_positions`). With
+  `task.pack` > 1 or `task.coupled_max_position`, `_packed_batch`'s layout
+  (packed examples, coupled positions with a random offset each)."""
   key = jax.random.fold_in(jax.random.key(seed), step)
   length_key, token_key = jax.random.split(key)
-  lengths = sample_lengths(length_key, batch_size, min_length, max_length)
-  batch = LAYOUTS[layout](task, token_key, lengths, vocab_size=vocab_size,
-                          max_input_length=max_length)
+  if task.pack > 1 or task.coupled_max_position:
+    if layout != 'decoder_only':
+      raise ValueError(f'task.pack={task.pack} / coupled positions need the decoder_only '
+                       f'layout, not {layout!r}.')
+    # Another stream (new options): plain batches keep theirs.
+    batch = _packed_batch(task, key, batch_size=batch_size, min_length=min_length,
+                          max_length=max_length, vocab_size=vocab_size)
+  else:
+    lengths = sample_lengths(length_key, batch_size, min_length, max_length)
+    batch = LAYOUTS[layout](task, token_key, lengths, vocab_size=vocab_size,
+                            max_input_length=max_length)
   if max_position:
     # A third stream: adding it leaves the tokens of every (seed, step) as they were.
     batch = with_random_positions(batch, jax.random.fold_in(key, 2), max_position, draw)
+  return batch
+
+
+def _packed_batch(task: Task, key: jax.Array, *, batch_size: int, min_length: int,
+                  max_length: int, vocab_size: int) -> dict[str, jax.Array]:
+  """`task.pack` examples per sequence (`packing.concatenate`), each with its
+  own length and, with coupling, its own random offset. Returns `inputs`,
+  `targets`, `loss_mask` `[B, T]` with T = pack · sequence_length − 1,
+  `lengths` `[B, pack]` (`[B]` when pack = 1), and `positions` when coupled
+  (contiguous 0 … T−1 otherwise: the model's default)."""
+  k = task.pack
+  keys = jax.random.split(jax.random.fold_in(key, 3), 3 * k).reshape(k, 3)
+  lengths = jnp.stack([sample_lengths(keys[e, 0], batch_size, min_length, max_length)
+                       for e in range(k)])  # [K, B]
+  examples = [_example_tokens(task, keys[e, 1], lengths[e], vocab_size, max_length)
+              for e in range(k)]
+  tokens = jnp.stack([t for t, _ in examples])  # [K, B, L]
+  real = lengths * (1 + task.output_factor) + 3  # tokens of each example
+  packed = packing.concatenate(tokens, real, PAD)
+  is_output = packing.concatenate(jnp.stack([o for _, o in examples]), real, False)
+  batch = dict(inputs=packed[:, :-1], targets=packed[:, 1:], loss_mask=is_output[:, 1:],
+               lengths=lengths.T if k > 1 else lengths[0])
+  if task.coupled_max_position:
+    positions = jnp.stack([
+        coupling.coupled_positions(
+            task, lengths[e], tokens.shape[2],
+            coupling.random_offsets(keys[e, 2], lengths[e], task.coupled_max_position))
+        for e in range(k)])
+    batch['positions'] = packing.concatenate(positions, real, 0)[:, :-1]
   return batch

@@ -1,0 +1,80 @@
+"""Position coupling (Cho et al. 2024, arXiv 2405.20671): each output token
+gets the position id of the input token it is computed from.
+
+For `BOS x_1 … x_n SEP y_1 … y_m EOS`, with x_i (1-based) in slot i and an
+offset s:
+
+    x_i            -> s + i
+    y_k = x_src(k) -> s + src(k)        copy: k; reverse: n − k + 1;
+                                         duplicate: (k − 1) mod n + 1
+    SEP            -> s + 0 when the rule reads x forwards (src(1) = 1),
+                      s + n + 1 when it reads backwards (reverse)
+    BOS, EOS, PAD  -> 0
+
+`src` is derived from the task's own rule (applied to the index array
+0 … N−1 instead of symbols), so the ids always agree with the rule. SEP, the
+token that predicts y_1, takes the slot "before" the first source in reading
+order, so the query that predicts y_{k+1} sits at a fixed offset (+1 forwards,
+−1 backwards) from the input it must read.
+
+This follows the official code (HanseulJo/position-coupling,
+src/data/copy.py, `CopyDatasetWithCoupledPositions`, with
+src/tokenization/tokenization.py putting BOS at id 0): copy gives x ids
+start+1 … start+n, '=' (our SEP) start and y the ids of the x they copy;
+reverse gives x start … start+n−1, '=' start+n, y reversed. Ours is the same
+up to a shift of the reverse ids by one (ours start at s+1 for every task).
+Their EOS gets id 0 (the padding id, as the position list is one short of
+the tokens): so does ours. Duplicate is not in their code; we derive it the
+same way (SEP before x_1).
+
+Training draws the offset s uniformly per example from [1, max_position − n − 2]
+(theirs: start from [1, max_position − n]), so every id below `max_position`
+is trained; evaluation uses s = 1 (their non-randomized start).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def reads_forward(task) -> bool:
+  """Whether `task.rule`'s first output copies x_1 (copy, duplicate) rather
+  than x_n (reverse), decided on a two-symbol example at trace time."""
+  with jax.ensure_compile_time_eval():
+    src = task.rule(jnp.arange(2, dtype=jnp.int32)[None], jnp.array([2], jnp.int32),
+                    jnp.zeros((1, 1), jnp.int32))
+    return int(np.asarray(src)[0, 0]) == 0
+
+
+def coupled_positions(task, lengths: jax.Array, total: int, offset: jax.Array) -> jax.Array:
+  """int32 `[B, total]` coupled position ids for examples of input lengths
+  `lengths` `[B]` laid out as `tasks.make_batch` lays them out (the full token
+  sequence, before the input/target shift), with per-example `offset` `[B]`."""
+  n = lengths.astype(jnp.int32)[:, None]
+  m = task.output_factor * n
+  max_n = (total - 3) // (1 + task.output_factor)
+  b = lengths.shape[0]
+  p = jnp.arange(total, dtype=jnp.int32)[None, :]
+  index = jnp.broadcast_to(jnp.arange(max_n, dtype=jnp.int32)[None], (b, max_n))
+  j = jnp.clip(p - n - 2, 0, task.output_factor * max_n - 1)
+  src = task.rule(index, lengths.astype(jnp.int32), jnp.broadcast_to(j, (b, total)))
+  sep_slot = 0 if reads_forward(task) else n + 1
+  slot = jnp.select([p == 0, p <= n, p == n + 1, p < n + 2 + m],
+                    [-1, p, sep_slot, src + 1], -1)
+  return jnp.where(slot >= 0, offset.astype(jnp.int32)[:, None] + slot, 0).astype(jnp.int32)
+
+
+def random_offsets(key: jax.Array, lengths: jax.Array, max_position: int) -> jax.Array:
+  """Offsets s `[B]`, uniform in [1, max_position − n − 2] per example, so the
+  largest id (s + n + 1) stays below `max_position`."""
+  high = max_position - lengths.astype(jnp.int32) - 1  # exclusive
+  return jax.random.randint(key, lengths.shape, 1, jnp.maximum(high, 2), jnp.int32)
+
+
+def check_max_position(max_position: int, max_input_length: int) -> None:
+  """Ids of inputs up to `max_input_length` must fit below `max_position`."""
+  if max_position < max_input_length + 3:
+    raise ValueError(
+        f'coupled positions: max_position={max_position} is below '
+        f'max_input_length + 3 = {max_input_length + 3} (ids 0 … n + 2 at offset 1); '
+        'raise positions.max_position or set it to 0 (auto).')
