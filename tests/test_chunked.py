@@ -26,7 +26,7 @@ def _dense(q, k, v, *, causal, lengths, alibi):
   mask = jnp.arange(T)[None, None, None, :] < lengths[:, None, None, None]
   if causal:
     mask = aj.combine_masks(mask, aj.causal_mask(T))
-  bias = aj.positional.alibi_bias(H, q.shape[1], T) if alibi else None
+  bias = aj.positional.alibi_bias(H, q.shape[1], T)[None] if alibi else None
   return aj.multi_head_attention(q, k, v, mask=mask, bias=bias)[0]
 
 
@@ -121,6 +121,11 @@ class ChunkedAttentionTest(chex.TestCase, parameterized.TestCase):
       chunked_attention(q, k, v, strategy='flash')
 
 
+# Encodings acting inside attention (the others are added to the embeddings).
+IN_ATTENTION = [e for e in sorted(aj.ENCODINGS)
+                if not aj.positional.embedding_only(aj.ENCODINGS[e])]
+
+
 class ModuleImplementationTest(parameterized.TestCase):
 
   def test_module_strategies_agree_and_bad_ones_are_refused(self):
@@ -129,52 +134,54 @@ class ModuleImplementationTest(parameterized.TestCase):
         32, 4, encoding='alibi', implementation='chunked', chunk_size=8,
         chunked_strategy=strategy, rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(1), (2, 21, 32))
-    scan, _ = make('scan')(x, causal=True, return_weights=False)
-    unrolled, _ = make('unrolled')(x, causal=True, return_weights=False)
-    chex.assert_trees_all_close(scan, unrolled, atol=1e-5)
+    chex.assert_trees_all_close(make('scan')(x), make('unrolled')(x), atol=1e-5)
     with self.assertRaisesRegex(ValueError, r"chunked_strategy='fast'; choose one of"):
       make('fast')
 
-  @parameterized.product(encoding=sorted(aj.ENCODINGS), implementation=('chunked', 'auto'))
+  @parameterized.named_parameters(
+      (f'{e}_{impl}', e, impl) for e in IN_ATTENTION for impl in ('chunked', 'auto'))
   def test_module_paths_agree(self, encoding, implementation):
     from flax import nnx  # pylint: disable=g-import-not-at-top
-    dense = aj.MultiHeadAttention(32, 4, encoding=encoding, max_positions=40, rngs=nnx.Rngs(0))
-    other = aj.MultiHeadAttention(32, 4, encoding=encoding, max_positions=40,
-                                  implementation=implementation, chunk_size=8,
+    dense = aj.MultiHeadAttention(32, 4, encoding=encoding, implementation='dense',
                                   rngs=nnx.Rngs(0))
+    other = aj.MultiHeadAttention(32, 4, encoding=encoding, implementation=implementation,
+                                  chunk_size=8, rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(1), (2, 21, 32))
     lengths = jnp.array([21, 9])
-    want, _ = dense(x, causal=True, kv_lengths=lengths)
-    if implementation == 'chunked' and encoding in ('t5', 'kerple'):
-      # Learned non-linear biases stay on the dense path ('auto' falls back).
+    want = dense(x, kv_lengths=lengths)
+    spec = other.positional.score_bias(np.arange(21), np.arange(21))
+    if implementation == 'chunked' and isinstance(spec, aj.DenseBias):
+      # Non-linear biases (T5, KERPLE, …) stay on the dense kernel ('auto' falls back).
       with self.assertRaisesRegex(ValueError, 'not linear in i - j'):
-        other(x, causal=True, kv_lengths=lengths, return_weights=False)
+        other(x, kv_lengths=lengths)
       return
-    got, weights = other(x, causal=True, kv_lengths=lengths, return_weights=False)
-    self.assertIsNone(weights)
-    chex.assert_trees_all_close(got, want, atol=1e-5)
+    chex.assert_trees_all_close(other(x, kv_lengths=lengths), want, atol=1e-5)
 
   def test_chunked_refuses_what_it_cannot_serve(self):
     from flax import nnx  # pylint: disable=g-import-not-at-top
     x = jnp.ones((1, 8, 16))
     mha = aj.MultiHeadAttention(16, 2, implementation='chunked', rngs=nnx.Rngs(0))
     with self.assertRaisesRegex(ValueError, 'return_weights=True'):
-      mha(x, causal=True)
-    with self.assertRaisesRegex(ValueError, 'dense mask or bias'):
-      mha(x, mask=aj.causal_mask(8), return_weights=False)
-    alibi = aj.MultiHeadAttention(16, 2, encoding=aj.make_encoding(
-        'alibi', d_model=16, num_heads=2, causal=False), implementation='chunked',
-                                  rngs=nnx.Rngs(0))
-    with self.assertRaisesRegex(ValueError, 'not linear in i - j'):
-      alibi(x, return_weights=False)
+      mha(x, return_weights=True)
+    with self.assertRaisesRegex(ValueError, 'a dense mask'):
+      mha(x, mask=aj.causal_mask(8))
+    alibi = aj.MultiHeadAttention(16, 2, encoding='alibi', causal=False,
+                                  implementation='chunked', rngs=nnx.Rngs(0))
+    with self.assertRaisesRegex(ValueError, 'bidirectional.*not linear in i - j'):
+      alibi(x)
+    causal_alibi = aj.MultiHeadAttention(16, 2, encoding='alibi', implementation='chunked',
+                                         rngs=nnx.Rngs(0))
+    with self.assertRaisesRegex(ValueError, 'return_weights=True .*; the bias of ALiBi '
+                                r'\(at positions other than the default 0 … T-1'):
+      causal_alibi(x, positions=np.arange(8) + 5, return_weights=True)
     with self.assertRaisesRegex(ValueError, "implementation='flash'"):
       aj.MultiHeadAttention(16, 2, implementation='flash', rngs=nnx.Rngs(0))
 
   def test_auto_falls_back_to_dense_for_weights(self):
     from flax import nnx  # pylint: disable=g-import-not-at-top
-    mha = aj.MultiHeadAttention(16, 2, implementation='auto', rngs=nnx.Rngs(0))
-    _, weights = mha(jnp.ones((1, 8, 16)), causal=True)
-    chex.assert_shape(weights, (1, 2, 8, 8))
+    mha = aj.MultiHeadAttention(16, 2, rngs=nnx.Rngs(0))
+    _, weights = mha(jnp.ones((1, 300, 16)), return_weights=True)
+    chex.assert_shape(weights, (1, 2, 300, 300))
 
 
 if __name__ == '__main__':

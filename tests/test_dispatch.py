@@ -8,11 +8,16 @@ from absl.testing import parameterized
 from flax import nnx
 
 import attention_jax as aj
+from attention_jax.attention import KERNELS
+from attention_jax.attention import Request
 from attention_jax.attention import scaled_dot_product_attention
 from attention_jax.attention import select_implementation
 
-CALL = dict(dtype=jnp.bfloat16, head_dim=64, return_weights=False, dense_mask=False,
-            dense_bias=False)
+CALL = dict(dtype=jnp.bfloat16, head_dim=64)
+
+
+def _select(requested, t_k, backend='cpu', **kw):
+  return select_implementation(requested, Request(t_k=t_k, **dict(CALL, **kw)), backend)
 
 
 class SelectTest(parameterized.TestCase):
@@ -20,29 +25,39 @@ class SelectTest(parameterized.TestCase):
   @parameterized.parameters(16, 255, 256, 65536)
   def test_auto_on_cpu_never_picks_cudnn(self, t_k):
     for dtype in (jnp.float32, jnp.bfloat16):
-      got = select_implementation('auto', t_k=t_k, backend='cpu', **dict(CALL, dtype=dtype))
+      got = _select('auto', t_k, dtype=dtype, linear_bias=True)
       self.assertEqual(got, 'chunked' if t_k >= 256 else 'dense')
 
   def test_auto_on_gpu_picks_cudnn_when_it_can(self):
-    self.assertEqual(select_implementation('auto', t_k=64, backend='gpu', **CALL), 'cudnn')
-    f32 = dict(CALL, dtype=jnp.float32)
-    self.assertEqual(select_implementation('auto', t_k=4096, backend='gpu', **f32), 'chunked')
-    weights = dict(CALL, return_weights=True)
-    self.assertEqual(select_implementation('auto', t_k=4096, backend='gpu', **weights), 'dense')
+    self.assertEqual(_select('auto', 64, backend='gpu'), 'cudnn')
+    self.assertEqual(_select('auto', 4096, backend='gpu', dtype=jnp.float32), 'chunked')
+    self.assertEqual(_select('auto', 4096, backend='gpu', return_weights=True), 'dense')
+    bias = 'the bias of T5RelativeBias, which is not linear in i - j'
+    self.assertEqual(_select('auto', 4096, backend='gpu', dense_bias=bias), 'cudnn')
+    self.assertEqual(_select('auto', 4096, dense_bias=bias), 'dense')
 
-  def test_refusals_name_the_reason(self):
-    with self.assertRaisesRegex(ValueError, r"'cudnn' cannot serve this call: a GPU \(the default "
+  def test_refusals_name_every_obstacle(self):
+    with self.assertRaisesRegex(ValueError, r"'cudnn' cannot serve this call: return_weights="
+                                r"True \(only 'dense' forms the weights\); a GPU \(the default "
                                 r"backend is 'cpu'\); float16 or bfloat16 inputs \(got float32\)"):
-      select_implementation('cudnn', t_k=8, backend='cpu', **dict(CALL, dtype=jnp.float32))
+      _select('cudnn', 8, dtype=jnp.float32, return_weights=True)
     with self.assertRaisesRegex(ValueError, 'head_dim a multiple of 8 up to 128 \\(got 12\\)'):
-      select_implementation('cudnn', t_k=8, backend='gpu', **dict(CALL, head_dim=12))
-    with self.assertRaisesRegex(ValueError, "'chunked' cannot serve this call: a dense mask"):
-      select_implementation('chunked', t_k=8, **dict(CALL, dense_mask=True))
+      _select('cudnn', 8, backend='gpu', head_dim=12)
+    with self.assertRaisesRegex(ValueError, r"'chunked' cannot serve this call: return_weights="
+                                r"True .*; a dense mask \(give causal=, window= or kv_lengths= "
+                                r"instead\); the bias of T5"):
+      _select('chunked', 8, dense_mask=True, return_weights=True,
+              dense_bias='the bias of T5RelativeBias, which is not linear in i - j')
     with self.assertRaisesRegex(ValueError, "implementation='flash'; choose one of"):
-      select_implementation('flash', t_k=8, **CALL)
+      _select('flash', 8)
     q = jnp.ones((1, 4, 2, 8))
     with self.assertRaisesRegex(ValueError, "chunked_strategy='fast'; choose one of"):
       aj.scaled_dot_product_attention(q, q, q, implementation='dense', chunked_strategy='fast')
+
+  def test_the_table_is_what_auto_walks(self):
+    self.assertEqual(list(KERNELS), ['cudnn', 'chunked', 'dense'])
+    self.assertEqual(aj.attention.IMPLEMENTATIONS, ('cudnn', 'chunked', 'dense', 'auto'))
+    self.assertTrue(KERNELS['dense'].weights and not KERNELS['chunked'].dense_mask)
 
 
 class FunctionTest(chex.TestCase, parameterized.TestCase):
@@ -53,13 +68,39 @@ class FunctionTest(chex.TestCase, parameterized.TestCase):
     q = jax.random.normal(keys[0], (2, 29, 3, 8))
     k, v = (jax.random.normal(kk, (2, 29, h_kv, 8)) for kk in keys[1:])
     kw = dict(causal=True, kv_lengths=jnp.array([29, 11]), window=window,
-              alibi_slopes=aj.positional.alibi_slopes(3), chunk_size=8)
+              score_bias=aj.LinearBias(aj.positional.alibi_slopes(3)), chunk_size=8)
     dense, weights = scaled_dot_product_attention(q, k, v, implementation='dense',
                                                   return_weights=True, **kw)
-    chunked, none = scaled_dot_product_attention(q, k, v, implementation='chunked', **kw)
-    self.assertIsNone(none)
+    chunked = scaled_dot_product_attention(q, k, v, implementation='chunked', **kw)
     chex.assert_shape(weights, (2, 3, 29, 29))
     chex.assert_trees_all_close(chunked, dense, atol=1e-5)
+    loss = lambda impl: lambda *a: jnp.sum(jnp.sin(scaled_dot_product_attention(
+        *a, implementation=impl, **kw)))
+    chex.assert_trees_all_close(jax.grad(loss('chunked'), (0, 1, 2))(q, k, v),
+                                jax.grad(loss('dense'), (0, 1, 2))(q, k, v), atol=1e-5)
+
+  def test_a_dense_score_bias_adds_to_the_bias_array(self):
+    q = jax.random.normal(jax.random.key(1), (2, 5, 2, 8))
+    enc = jax.random.normal(jax.random.key(2), (1, 2, 5, 5))
+    user = jax.random.normal(jax.random.key(3), (5, 5))
+    got = scaled_dot_product_attention(q, q, q, bias=user, score_bias=aj.DenseBias(enc))
+    want, _ = aj.multi_head_attention(q, q, q, bias=enc + user)
+    chex.assert_trees_all_close(got, want, atol=1e-6)
+    with self.assertRaisesRegex(ValueError, "'chunked' cannot serve this call: a dense bias "
+                                'array; the bias of T5'):
+      scaled_dot_product_attention(q, q, q, bias=user, implementation='chunked',
+                                   score_bias=aj.DenseBias(enc, 'the bias of T5'))
+    with self.assertRaisesRegex(ValueError, 'DenseBias takes a rank-4 bias'):
+      aj.DenseBias(enc[0])
+    with self.assertRaisesRegex(ValueError, 'a LinearBias of 3 slopes for 2 heads'):
+      scaled_dot_product_attention(q, q, q, score_bias=aj.LinearBias((1.0, 2.0, 3.0)))
+
+  def test_weights_only_on_request(self):
+    q = jnp.ones((1, 4, 2, 8))
+    out = scaled_dot_product_attention(q, q, q)
+    chex.assert_shape(out, (1, 4, 2, 8))
+    out, weights = scaled_dot_product_attention(q, q, q, return_weights=True)
+    chex.assert_shape(weights, (1, 2, 4, 4))
 
   def test_transformer_auto_runs_long_sequences_blockwise_and_exactly(self):
     kw = dict(vocab_size=8, d_model=16, num_heads=2, num_layers=1, mlp_dim=16,

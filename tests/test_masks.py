@@ -36,5 +36,20 @@ class MasksTest(absltest.TestCase):
       aj.combine_masks(jnp.ones((2, 2)))
 
 
+  def test_relative_distance(self):
+    np.testing.assert_array_equal(aj.relative_distance(np.arange(3), np.arange(2) + 1),
+                                  [[-1, -2], [0, -1], [1, 0]])
+    chex.assert_shape(aj.relative_distance(np.zeros((4, 3), int), np.arange(5)), (4, 3, 5))
+
+  def test_structural_mask_is_the_dense_form_of_the_structure(self):
+    self.assertIsNone(aj.attention.structural_mask(3, 3))
+    got = aj.attention.structural_mask(4, 4, causal=True, window=2,
+                                       kv_lengths=jnp.array([4, 2]))
+    chex.assert_shape(got, (2, 1, 4, 4))
+    band = np.asarray(aj.causal_mask(4) & aj.sliding_window_mask(4, 4, 2))
+    np.testing.assert_array_equal(got[0, 0], band)
+    np.testing.assert_array_equal(got[1, 0], band & (np.arange(4) < 2)[None, :])
+
+
 if __name__ == '__main__':
   absltest.main()

@@ -13,7 +13,7 @@ from tests import references as ref
 
 ENCODINGS = sorted(aj.ENCODINGS)
 # Encodings that act inside attention; the others are added to the embeddings.
-IN_ATTENTION = [e for e in ENCODINGS if e not in ('sinusoidal', 'learned')]
+IN_ATTENTION = [e for e in ENCODINGS if not aj.positional.embedding_only(aj.ENCODINGS[e])]
 
 
 class MultiHeadAttentionModuleTest(chex.TestCase, parameterized.TestCase):

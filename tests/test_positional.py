@@ -146,9 +146,25 @@ class AlibiTest(chex.TestCase, parameterized.TestCase):
     np.testing.assert_array_equal(got[0], got[1])  # only differences matter
 
 
+class _HeadOffsets(pe.PositionalEncoding):
+  """A user encoding: a constant bias per head (for the registry tests)."""
+
+  def __init__(self, num_heads, scale=1.0):
+    self.offsets = tuple(scale * h for h in range(num_heads))
+
+  @classmethod
+  def build(cls, *, d_model, num_heads, max_positions, causal, rngs, scale=1.0):
+    del d_model, max_positions, causal, rngs
+    return cls(num_heads, scale)
+
+  def attention_bias(self, q_positions, k_positions):
+    shape = (len(self.offsets), len(q_positions), len(k_positions))
+    return jnp.broadcast_to(jnp.asarray(self.offsets)[:, None, None], shape)[None]
+
+
 class RegistryTest(parameterized.TestCase):
 
-  @parameterized.parameters(*sorted(pe.ENCODINGS))
+  @parameterized.named_parameters((name, name) for name in sorted(pe.ENCODINGS))
   def test_every_encoding_builds(self, name):
     enc = pe.make_encoding(name, d_model=8, num_heads=2, max_positions=16, rngs=nnx.Rngs(0))
     self.assertIsInstance(enc, pe.PositionalEncoding)
@@ -160,6 +176,29 @@ class RegistryTest(parameterized.TestCase):
   def test_unknown_option(self):
     with self.assertRaisesRegex(ValueError, r"'alibi' got an unknown option among \['base'\]"):
       pe.make_encoding('alibi', d_model=8, num_heads=2, base=3.0)
+
+  def test_register_encoding(self):
+    name = 'head_offsets_test'
+    pe.register_encoding(name, _HeadOffsets)
+    self.addCleanup(pe.ENCODINGS.pop, name)
+    enc = pe.make_encoding(name, d_model=8, num_heads=2, scale=3.0)
+    self.assertEqual(enc.offsets, (0.0, 3.0))
+    self.assertEqual(pe.parse_encoding_spec(name), (name, False))
+    self.assertEqual(pe.parse_encoding_spec(f'{name}:randomized'), (name, True))
+    import attention_jax as aj  # pylint: disable=g-import-not-at-top
+    model = aj.TransformerLM(vocab_size=5, d_model=8, num_heads=2, num_layers=1, mlp_dim=8,
+                             encoding=name, rngs=nnx.Rngs(0))
+    chex.assert_shape(model(jnp.zeros((1, 4), jnp.int32)), (1, 4, 5))
+    pe.register_encoding(name, _HeadOffsets)  # the same class again: fine
+    with self.assertRaisesRegex(ValueError, r"'alibi' is already registered \(ALiBi\); pass "
+                                'overwrite=True'):
+      pe.register_encoding('alibi', _HeadOffsets)
+    pe.register_encoding(name, pe.NoPE, overwrite=True)
+    self.assertIs(pe.ENCODINGS[name], pe.NoPE)
+    with self.assertRaisesRegex(ValueError, 'without ":"'):
+      pe.register_encoding('a:b', _HeadOffsets)
+    with self.assertRaisesRegex(TypeError, 'not a PositionalEncoding subclass'):
+      pe.register_encoding('x', dict)
 
   def test_heads_must_divide_width(self):
     with self.assertRaisesRegex(ValueError, 'num_heads=3 does not divide d_model=8'):

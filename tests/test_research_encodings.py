@@ -50,16 +50,16 @@ class T5BiasTest(parameterized.TestCase):
   def test_bias_is_the_table_at_the_bucket_per_head(self):
     enc = aj.make_encoding('t5', d_model=16, num_heads=2, rngs=nnx.Rngs(0))
     bias = enc.attention_bias(np.arange(5), np.arange(5))
-    chex.assert_shape(bias, (2, 5, 5))
+    chex.assert_shape(bias, (1, 2, 5, 5))  # rank 4: [1, H, T_q, T_k]
     table = np.asarray(enc.table[...])
-    np.testing.assert_allclose(bias[1, 4, 1], table[3, 1])
+    np.testing.assert_allclose(bias[0, 1, 4, 1], table[3, 1])
     batched = enc.attention_bias(np.arange(10).reshape(2, 5), np.arange(10).reshape(2, 5))
     chex.assert_shape(batched, (2, 2, 5, 5))
 
   def test_table_learns(self):
     mha = aj.MultiHeadAttention(16, 2, encoding='t5', rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(1), (1, 6, 16))
-    grads = nnx.grad(lambda m: jnp.sum(m(x, causal=True)[0] ** 2))(mha)
+    grads = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(mha)
     self.assertGreater(float(jnp.abs(grads.positional.table[...]).sum()), 0.0)
 
 
@@ -69,17 +69,17 @@ class KerpleTest(absltest.TestCase):
     enc = aj.make_encoding('kerple', d_model=16, num_heads=2)
     bias = enc.attention_bias(np.arange(6), np.arange(6))
     want = -np.log1p(np.abs(np.arange(6)[:, None] - np.arange(6)[None, :]))
-    np.testing.assert_allclose(bias, np.broadcast_to(want, (2, 6, 6)), atol=1e-6)
+    np.testing.assert_allclose(bias, np.broadcast_to(want, (1, 2, 6, 6)), atol=1e-6)
 
   def test_both_parameters_learn_and_stay_positive(self):
     mha = aj.MultiHeadAttention(16, 2, encoding='kerple', rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(1), (1, 6, 16))
-    grads = nnx.grad(lambda m: jnp.sum(m(x, causal=True)[0] ** 2))(mha)
+    grads = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(mha)
     for name in ('raw_r1', 'raw_r2'):
       self.assertGreater(float(jnp.abs(getattr(grads.positional, name)[...]).sum()), 0.0)
     mha.positional.raw_r1[...] = jnp.full((2,), -50.0)  # softplus keeps r1 > 0
     self.assertTrue(np.all(np.asarray(mha.positional.attention_bias(
-        np.arange(3), np.arange(3)))[:, 2, 0] < 0))
+        np.arange(3), np.arange(3)))[0, :, 2, 0] < 0))
 
 
 class RopeScalingTest(parameterized.TestCase):

@@ -70,7 +70,7 @@ class GroupedQueryTest(chex.TestCase, parameterized.TestCase):
     mha.W_K.kernel[...] = jnp.repeat(gqa.W_K.kernel[...], 2, axis=1)
     mha.W_V.kernel[...] = jnp.repeat(gqa.W_V.kernel[...], 2, axis=1)
     x = jax.random.normal(jax.random.key(2), (2, 9, 32))
-    chex.assert_trees_all_close(gqa(x, causal=True), mha(x, causal=True), atol=1e-5)
+    chex.assert_trees_all_close(gqa(x), mha(x), atol=1e-5)
 
   def test_bad_head_counts_are_clear_errors(self):
     with self.assertRaisesRegex(ValueError, 'num_kv_heads=3 must be >= 1 and divide num_heads=4'):
@@ -103,7 +103,7 @@ class SlidingWindowTest(chex.TestCase, parameterized.TestCase):
   def test_module_window_matches_a_dense_mask(self):
     mha = aj.MultiHeadAttention(16, 2, sliding_window=3, rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(1), (1, 10, 16))
-    _, weights = mha(x, causal=True)
+    _, weights = mha(x, return_weights=True)
     band = np.asarray(aj.attention.sliding_window_mask(10, 10, 3) & aj.causal_mask(10))
     self.assertTrue(np.all(np.asarray(weights)[0][:, ~band] == 0))
     np.testing.assert_allclose(np.asarray(weights).sum(-1), 1.0, atol=1e-6)
@@ -111,7 +111,9 @@ class SlidingWindowTest(chex.TestCase, parameterized.TestCase):
 
 class CachedDecodingTest(chex.TestCase, parameterized.TestCase):
 
-  @parameterized.product(encoding=sorted(aj.ENCODINGS), variant=('plain', 'gqa_window'))
+  @parameterized.named_parameters(
+      (f'{e}_{variant}', e, variant) for e in sorted(aj.ENCODINGS)
+      for variant in ('plain', 'gqa_window'))
   def test_step_by_step_equals_full_forward(self, encoding, variant):
     kw = dict(num_kv_heads=1, sliding_window=4) if variant == 'gqa_window' else {}
     model = _lm(encoding, **kw)
@@ -126,7 +128,7 @@ class CachedDecodingTest(chex.TestCase, parameterized.TestCase):
       pieces.append(logits)
     chex.assert_trees_all_close(jnp.concatenate(pieces, 1), want, atol=2e-5)
 
-  @parameterized.parameters('learned', 'rope', 'alibi', 't5')
+  @parameterized.named_parameters((e, e) for e in ('learned', 'rope', 'alibi', 't5'))
   def test_explicit_positions_are_cached(self, encoding):
     model = _lm(encoding)
     tokens = jax.random.randint(jax.random.key(1), (2, 8), 0, 11)
@@ -139,7 +141,7 @@ class CachedDecodingTest(chex.TestCase, parameterized.TestCase):
       pieces.append(logits)
     chex.assert_trees_all_close(jnp.concatenate(pieces, 1), want, atol=2e-5)
 
-  @parameterized.parameters(*sorted(aj.ENCODINGS))
+  @parameterized.named_parameters((e, e) for e in sorted(aj.ENCODINGS))
   def test_greedy_generation_equals_repeated_full_forward(self, encoding):
     model = _lm(encoding)
     prompt = jax.random.randint(jax.random.key(3), (2, 4), 0, 11)
@@ -152,6 +154,25 @@ class CachedDecodingTest(chex.TestCase, parameterized.TestCase):
       nxt = jnp.argmax(full(seq)[:, -1], -1).astype(jnp.int32)
       seq = jnp.concatenate([seq, nxt[:, None]], 1)
     np.testing.assert_array_equal(got[:, 3:], seq[:, 4:t + 1])
+
+  @parameterized.named_parameters(
+      ('alibi', 'alibi', False), ('rope', 'rope', False), ('learned_positions', 'learned', True))
+  def test_generate_equals_rerunning_the_growing_sequence(self, encoding, explicit):
+    model = _lm(encoding)
+    prompt = jax.random.randint(jax.random.key(4), (2, 3), 0, 11)
+    positions = np.array([0, 2, 5, 6, 9, 11, 20, 30]) if explicit else None
+    got = aj.generate(model, prompt, 5, positions=positions)
+    chex.assert_shape(got, (2, 8))
+    np.testing.assert_array_equal(got[:, :3], prompt)
+    seq = prompt
+    for _ in range(5):  # naive: rerun the whole prefix for each new token
+      p = None if positions is None else positions[:seq.shape[1]]
+      nxt = jnp.argmax(model(seq, positions=p)[:, -1], -1).astype(jnp.int32)
+      seq = jnp.concatenate([seq, nxt[:, None]], 1)
+    np.testing.assert_array_equal(got, seq)
+    np.testing.assert_array_equal(aj.generate(model, prompt, 0), prompt)
+    with self.assertRaisesRegex(ValueError, r'prompt must be int \[batch, length >= 1\]'):
+      aj.generate(model, prompt[0], 2)
 
   def test_writing_past_the_cache_is_an_error(self):
     model = _lm('rope')

@@ -167,8 +167,10 @@ def chunked_attention(
     raise ValueError(f'chunk sizes must be >= 1, got q_chunk={q_chunk}, k_chunk={k_chunk}.')
   if heads_per_step < 1:
     raise ValueError(f'heads_per_step must be >= 1, got {heads_per_step}.')
-  if alibi_slopes is not None and jnp.shape(alibi_slopes) != (h,):
-    raise ValueError(f'alibi_slopes must have shape ({h},), got {jnp.shape(alibi_slopes)}.')
+  if alibi_slopes is not None:
+    alibi_slopes = jnp.asarray(alibi_slopes, jnp.float32)
+    if alibi_slopes.shape != (h,):
+      raise ValueError(f'alibi_slopes must have shape ({h},), got {alibi_slopes.shape}.')
   q_chunk, k_chunk = min(q_chunk, t_q), min(k_chunk, t_k)
   kv_lengths = (jnp.full((b,), t_k, jnp.int32) if kv_lengths is None
                 else jnp.asarray(kv_lengths, jnp.int32))
@@ -179,8 +181,7 @@ def chunked_attention(
   if strategy == 'scan':
     k_r, v_r = _pad_to(k_r, 1, k_chunk), _pad_to(v_r, 1, k_chunk)
   row_kv_len = jnp.repeat(kv_lengths, h)
-  row_slopes = (None if alibi_slopes is None
-                else jnp.tile(jnp.asarray(alibi_slopes, jnp.float32), b))
+  row_slopes = None if alibi_slopes is None else jnp.tile(alibi_slopes, b)
   group = math.gcd(b * h, heads_per_step)
   out = _chunked(q_r, k_r, v_r, row_kv_len, row_slopes, strategy, causal, q_chunk,
                  k_chunk, t_k, window, group)

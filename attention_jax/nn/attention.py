@@ -30,15 +30,13 @@ from attention_jax.positional import ENCODINGS
 from attention_jax.positional import NoPE
 from attention_jax.positional import PositionalEncoding
 from attention_jax.positional import make_encoding
-from attention_jax.positional.base import ATTENTION_HOOKS
-from attention_jax.positional.base import hooks_of
+from attention_jax.positional.base import embedding_only
 
 Positional = Union[str, PositionalEncoding, None]
 
 
 def _refuse_embedding_encoding(cls: type, label: str, owner: str):
-  hooks = hooks_of(cls)
-  if 'add_to_embeddings' in hooks and not hooks & ATTENTION_HOOKS:
+  if embedding_only(cls):
     raise ValueError(
         f'encoding {label} is added to the embeddings, not inside attention, so '
         f'{owner} cannot use it: give it to the model (e.g. TransformerLM('

@@ -9,6 +9,7 @@ from attention_jax.positional.base import NoPE
 from attention_jax.positional.base import PositionalEncoding
 from attention_jax.positional.hard_alibi import HardALiBi
 from attention_jax.positional.hard_alibi import hard_alibi_bias
+from attention_jax.positional.base import embedding_only
 from attention_jax.positional.base import heads_rank4
 from attention_jax.positional.learned import Learned
 from attention_jax.positional.learned import learned_lookup

@@ -72,11 +72,6 @@ class PositionalEncoding(nnx.Module):
                      origin=f'the bias of {type(self).__name__}, which is not linear in i - j')
 
   @property
-  def acts_on_embeddings(self) -> bool:
-    """Whether it adds to the embeddings (before any attention layer)."""
-    return 'add_to_embeddings' in hooks_of(type(self))
-
-  @property
   def acts_in_attention(self) -> bool:
     """Whether it rotates q/k or adds to the scores inside attention."""
     return bool(hooks_of(type(self)) & ATTENTION_HOOKS)
@@ -90,6 +85,13 @@ def hooks_of(cls: type) -> frozenset:
   """The hooks an encoding class implements (overrides), by name."""
   return frozenset(h for h in HOOKS
                    if getattr(cls, h) is not getattr(PositionalEncoding, h))
+
+
+def embedding_only(cls: type) -> bool:
+  """Whether an encoding class only adds to the embeddings (sinusoidal,
+  learned): attention modules refuse it, models add it to the embeddings."""
+  hooks = hooks_of(cls)
+  return 'add_to_embeddings' in hooks and not hooks & ATTENTION_HOOKS
 
 
 class NoPE(PositionalEncoding):
