@@ -30,12 +30,16 @@ def main(argv):
 
   rngs = nnx.Rngs(0)
   x = jax.random.normal(jax.random.key(0), (4, 10, 64))
-  out, weights = aj.SelfAttention(d_model=64, d_k=32, rngs=rngs)(x)
+  out, weights = aj.SelfAttention(d_model=64, d_k=32, rngs=rngs)(x, return_weights=True)
   print('SelfAttention(64, 32): out', out.shape, 'weights', weights.shape)
   x = jax.random.normal(jax.random.key(1), (2, 16, 512))
   for encoding in sorted(aj.ENCODINGS):
-    mha = aj.MultiHeadAttention(512, 8, encoding=encoding, max_positions=16, rngs=rngs)
-    out, weights = mha(x, mask=aj.causal_mask(16))
+    pe = aj.make_encoding(encoding, d_model=512, num_heads=8, max_positions=16, rngs=rngs)
+    # Absolute encodings are added to the embeddings; the rest act inside attention.
+    h = pe.add_to_embeddings(x, np.arange(16))
+    mha = aj.MultiHeadAttention(512, 8, encoding=pe if pe.acts_in_attention else None,
+                                rngs=rngs)
+    out, weights = mha(h, return_weights=True)  # causal by default
     print(f'MultiHeadAttention(512, 8, {encoding!r}): out', out.shape,
           'weights', weights.shape)
   print('sinusoidal(20, 128):', aj.positional.sinusoidal(20, 128).shape)
