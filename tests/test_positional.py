@@ -81,6 +81,12 @@ class LearnedTest(parameterized.TestCase):
   def test_needs_a_length(self):
     with self.assertRaisesRegex(ValueError, "'learned' encoding needs max_positions"):
       self._encoding(max_length=None)
+    import attention_jax as aj  # pylint: disable=g-import-not-at-top
+    kw = dict(vocab_size=5, d_model=8, num_heads=2, num_layers=1, mlp_dim=8, rngs=nnx.Rngs(0))
+    with self.assertRaisesRegex(ValueError, r"'learned' encoding needs max_positions >= 1 "
+                                r'\(the rows of its table, e.g. TransformerLM\(max_positions'):
+      aj.TransformerLM(encoding='learned', **kw)
+    aj.TransformerLM(encoding='sinusoidal', **kw)  # no table, no length needed
 
 
 class RopeTest(chex.TestCase, parameterized.TestCase):
