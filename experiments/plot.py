@@ -31,6 +31,18 @@ def _rows(workdir):
   return [r for p in paths for r in results.read_rows(p)]
 
 
+def _metric_rows(path):
+  """metrics.jsonl's rows, without a last line cut short by a killed run."""
+  rows = []
+  with open(path) as f:
+    for line in f:
+      try:
+        rows.append(json.loads(line))
+      except json.JSONDecodeError:
+        continue
+  return rows
+
+
 def _train_range(workdir):
   for path in glob.glob(os.path.join(workdir, 'runs', '*', '*', 'seed*', 'config.json')):
     with open(path) as f:
@@ -50,8 +62,7 @@ def main(argv):
     rows += [dict(r, encoding=prefix + r['encoding']) for r in _rows(workdir)]
     for path in sorted(glob.glob(os.path.join(workdir, 'runs', '*', '*', 'seed*', 'metrics.jsonl'))):
       task, label, seed = path.split(os.sep)[-4:-1]
-      with open(path) as f:
-        curves[f'{prefix}{task}/{label}/{seed}'] = [json.loads(line) for line in f]
+      curves[f'{prefix}{task}/{label}/{seed}'] = _metric_rows(path)
   if not rows and not curves:
     raise app.UsageError(f'no results.csv or metrics.jsonl under {workdirs}.')
   os.makedirs(out, exist_ok=True)

@@ -43,8 +43,7 @@ def draw_heatmap(model, config, run_dir):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  os.makedirs(_WORKDIR.value, exist_ok=True)
-  with entry_point(_CONFIG.value):
+  with entry_point(_CONFIG.value):  # validates, then creates the workdir
     run_study(_CONFIG.value, _WORKDIR.value, on_trained=draw_heatmap)
   print(open(os.path.join(_WORKDIR.value, 'summary.md')).read())
   print(f'Figures: {_WORKDIR.value}/extrapolation.png, attention_heatmap.png')

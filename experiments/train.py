@@ -2,8 +2,11 @@ r"""Train one model and evaluate it at every length.
 
   python -m experiments.train --config=configs/copy.py:encoding=rope --workdir=runs/one
 
-Writes metrics.jsonl (every step), results.csv (accuracy per length) and
-run.json (timings) into --workdir. Presets and fields: configs/copy.py.
+Writes config.json, metrics.jsonl (every step), results.csv (accuracy per
+length) and run.json (timings) into --workdir. The same command resumes; a
+--workdir trained with another config is refused (or, with
+--config.study.on_mismatch=retrain, the run goes to --workdir-2). Presets and
+fields: configs/copy.py.
 """
 
 from absl import app
@@ -22,7 +25,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   with entry_point(_CONFIG.value):
-    rows = run_one(_CONFIG.value, _WORKDIR.value)
+    rows = run_one(_CONFIG.value, _WORKDIR.value, log=print)
   print(f"{'length':>8} {'token acc':>10} {'exact':>8}")
   for r in rows:
     print(f"{r['length']:>8} {100 * r['token_accuracy']:>9.1f}% {100 * r['exact_match']:>7.1f}%")

@@ -7,6 +7,9 @@ import numpy as np
 from absl.testing import absltest
 
 from attention_jax.lab.diagnose import run_diagnostics
+from attention_jax.lab.study import run_configs
+from attention_jax.lab.study import run_directory
+from attention_jax.lab.train import train
 from attention_jax.lab.evaluate import attention_entropy
 from configs import copy as copy_config
 
@@ -27,13 +30,15 @@ class DiagnosticsTest(absltest.TestCase):
     c = copy_config.get_config('size=tiny')
     c.study.encodings = ('alibi', 'rope:randomized')
     workdir = tempfile.mkdtemp()
+    for run in run_configs(c):  # the study's models (diagnostics never train)
+      train(run, run_directory(workdir, run), progress=False)
     curves = run_diagnostics(c, workdir, num_examples=4, log=lambda _: None)
     self.assertEqual(list(curves), ['alibi', 'rope:randomized'])
     self.assertEqual(curves['alibi'].shape, (2 * 8 + 2,))  # tokens read at 4 × L_train = 8
     for name in ('attention_entropy.png', 'attention_maps_alibi.png',
                  'attention_maps_rope_randomized.png'):
       self.assertGreater(os.path.getsize(os.path.join(workdir, name)), 0, name)
-    # The models were trained into the study's layout, so a second call restores them.
+    # Restored from the final checkpoints: the same curves every time.
     again = run_diagnostics(c, workdir, num_examples=4, log=lambda _: None)
     np.testing.assert_allclose(again['alibi'], curves['alibi'])
 

@@ -1,8 +1,9 @@
 """The study's diagnostics: attention maps and entropy of its trained models.
 
 For every transformer encoding of a study, the first seed's trained model is
-restored from the study's workdir (trained first if missing, exactly as the
-study would), then:
+restored from the study's workdir (its final checkpoint; nothing is trained
+or rewritten: a run that is missing, unfinished or trained with another
+config is an error naming it), then:
 
 * `attention_maps_LABEL.png`: heat maps per layer and head for one copy
   example at L_train and at 4 × L_train;
@@ -17,6 +18,7 @@ import ml_collections
 import numpy as np
 
 from attention_jax.lab import evaluate
+from attention_jax.lab import identity
 from attention_jax.lab import models
 from attention_jax.lab import tasks
 from attention_jax.lab.plots import plot_attention_maps
@@ -24,14 +26,34 @@ from attention_jax.lab.plots import plot_entropy
 from attention_jax.lab.study import run_configs
 from attention_jax.lab.study import run_directory
 from attention_jax.lab.study import run_label
-from attention_jax.lab.train import train
+from attention_jax.lab.train.interrupt import raise_if_stopped
+from attention_jax.lab.train.interrupt import stop_requests
+from attention_jax.lab.train.loop import load_trained
+from attention_jax.lab.validate import ConfigError
 from attention_jax.lab.validate import validate_config
+
+
+def _trained_run(config: ml_collections.ConfigDict, workdir: str) -> str:
+  """The directory of `config`'s finished run in the study `workdir`: its
+  run directory, or the sibling a `study.on_mismatch=retrain` sweep trained
+  it into. A clear error if there is none."""
+  run_dir = run_directory(workdir, config)
+  for d in [run_dir] + identity.siblings(run_dir):
+    if identity.has_trained_state(d) and identity.mismatch(d, config) is None:
+      return d
+  problem = identity.mismatch(run_dir, config)
+  if problem:
+    raise identity.RunMismatch(problem, 'pass the config the study was run with.')
+  raise ConfigError(f'{run_dir} holds no trained run: run the study on {workdir} with this '
+                   'config first (python -m experiments.length_extrapolation).')
 
 
 def run_diagnostics(config: ml_collections.ConfigDict, workdir: str, *,
                     num_examples: int = 64,
                     log: Callable[[str], None] = print) -> dict[str, np.ndarray]:
-  """Draws the figures into `workdir`; returns the entropy curves by label."""
+  """Draws the figures into `workdir`; returns the entropy curves by label.
+  Reads the study's finished runs only: every one is found (`_trained_run`)
+  before any figure is drawn."""
   validate_config(config, study=True)
   seed = config.study.seeds[0]
   runs = [c for c in run_configs(config)
@@ -41,27 +63,37 @@ def run_diagnostics(config: ml_collections.ConfigDict, workdir: str, *,
   long = min(4 * train_max, config.eval.max_length)
   task = tasks.get_task(runs[0].task.name)
   train_tokens = tasks.tokens_read(task, train_max)
+  run_dirs = [_trained_run(c, workdir) for c in runs]
   curves = {}
-  for c in runs:
-    label = run_label(c)
-    model, _ = train(c, run_directory(workdir, c), progress=config.progress)
-    max_position = (models.randomized_max_position(c)
-                    if c.positions.randomized_eval == 'random' else 0)
-    batches = {n: evaluate.copy_examples(task, n, num_examples, vocab_size=c.task.vocab_size,
-                                         seed=c.eval.seed, max_position=max_position)
-               for n in (train_max, long)}
-    panels, tokens = [], []
-    for n, batch in batches.items():
-      weights = evaluate.attention_weights(model, batch)
-      panels.append((f'{label}, input length {n}', [w[0] for w in weights]))
-      tokens.append(np.asarray(batch['inputs'][0]))
-    path = os.path.join(workdir, f'attention_maps_{label.replace(":", "_")}.png')
-    plot_attention_maps(panels, path, tokens)
-    curves[label] = evaluate.entropy_by_position(model, batches[long])
-    log(f'{label}: {path}; mean entropy past the training length '
-        f'{curves[label][train_tokens:].mean():.2f} nats')
+  with stop_requests():
+    for c, run_dir in zip(runs, run_dirs):
+      raise_if_stopped('while drawing the attention maps (nothing to resume: run it again)')
+      curves[run_label(c)] = _draw(c, load_trained(c, run_dir), workdir, task, train_max,
+                                   long, num_examples, log)
   plot_entropy(curves, os.path.join(workdir, 'attention_entropy.png'),
                train_tokens=train_tokens,
                title=f'{task.name}: attention entropy at input length {long} '
                      f'(trained on 1–{train_max}), seed {seed}')
   return curves
+
+
+def _draw(c, model, workdir, task, train_max, long, num_examples, log) -> np.ndarray:
+  """One encoding's attention maps; returns its entropy curve at `long`."""
+  label = run_label(c)
+  max_position = (models.randomized_max_position(c)
+                  if c.positions.randomized_eval == 'random' else 0)
+  batches = {n: evaluate.copy_examples(task, n, num_examples, vocab_size=c.task.vocab_size,
+                                       seed=c.eval.seed, max_position=max_position)
+             for n in (train_max, long)}
+  panels, tokens = [], []
+  for n, batch in batches.items():
+    weights = evaluate.attention_weights(model, batch)
+    panels.append((f'{label}, input length {n}', [w[0] for w in weights]))
+    tokens.append(np.asarray(batch['inputs'][0]))
+  path = os.path.join(workdir, f'attention_maps_{label.replace(":", "_")}.png')
+  plot_attention_maps(panels, path, tokens)
+  curve = evaluate.entropy_by_position(model, batches[long])
+  train_tokens = tasks.tokens_read(task, train_max)
+  log(f'{label}: {path}; mean entropy past the training length '
+      f'{curve[train_tokens:].mean():.2f} nats')
+  return curve

@@ -14,6 +14,15 @@ GENERATION = ('generated_exact_match', 'generation_agreement')
 MULTIPLES = (2, 4, 8)  # summary columns: accuracy at these multiples of L_train
 
 
+def write_text(path: str, text: str) -> None:
+  """Writes `text` to `path` atomically: a temporary file renamed over it, so
+  a kill mid-write leaves the old file (or none), never half of the new one."""
+  tmp = path + '.tmp'
+  with open(tmp, 'w') as f:
+    f.write(text)
+  os.replace(tmp, path)
+
+
 def write_rows(path: str, rows: Iterable[dict]) -> None:
   """Writes `rows` to `path` atomically (a partial file is never left)."""
   tmp = path + '.tmp'
@@ -84,6 +93,23 @@ def summary_markdown(rows: Sequence[dict], train_min: int, train_max: int) -> st
       lines.append('')
   lines += generation_summary(rows)
   return '\n'.join(lines)
+
+
+def coverage_summary(covered: Sequence[str], earlier: Sequence[str],
+                     excluded: Sequence[tuple[str, str]]) -> list[str]:
+  """Lines saying which runs (directories under the workdir) the tables
+  cover: `covered`, of which `earlier` were not in this sweep but match its
+  config, and which runs of the workdir were left out, and why."""
+  lines = ['### Runs', '',
+           f'These tables cover {len(covered)} runs, every run in this workdir trained and '
+           'evaluated with the current config: ' + ', '.join(covered) + '.']
+  if earlier:
+    lines.append(f'{len(earlier)} of them are not in this sweep (study.tasks/models/encodings/'
+                 'seeds) but were trained with the same config earlier: '
+                 + ', '.join(earlier) + '.')
+  if excluded:
+    lines.append('Left out: ' + '; '.join(f'{run} ({why})' for run, why in excluded) + '.')
+  return lines + ['']
 
 
 def generation_summary(rows: Sequence[dict]) -> list[str]:

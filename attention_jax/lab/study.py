@@ -1,11 +1,14 @@
 """One run (train, then evaluate every length) and the sweep over
 tasks × encodings × seeds, with the study's outputs.
 
-Each run writes into its own folder; a run whose `results.csv` exists is
-finished and is read back instead of retrained, so an interrupted sweep picks
-up at the first unfinished run when the same command is run again.
+Each run writes into its own folder, which belongs to one trained-model
+config (`lab.identity`). A run evaluated with the current evaluation settings
+is finished and is read back instead of retrained, so an interrupted sweep
+picks up at the first unfinished run when the same command is run again.
 """
 
+import functools
+import glob
 import hashlib
 import json
 import os
@@ -17,6 +20,7 @@ import optax
 from flax import nnx
 
 import attention_jax
+from attention_jax.lab import identity
 from attention_jax.lab import results
 from attention_jax.lab import tasks
 from attention_jax.lab.evaluate import default_eval_lengths
@@ -27,6 +31,9 @@ from attention_jax.positional import RopeScaling
 from attention_jax.lab.plots import plot_extrapolation
 from attention_jax.lab.train import make_optimizer
 from attention_jax.lab.train import train
+from attention_jax.lab.train.interrupt import raise_if_stopped
+from attention_jax.lab.train.interrupt import stage
+from attention_jax.lab.train.interrupt import stop_requests
 from attention_jax.lab.validate import validate_config
 
 
@@ -38,30 +45,87 @@ def eval_lengths(config: ml_collections.ConfigDict) -> list[int]:
       config.task.train_max_length, config.eval.max_length)
 
 
+def shared_optimizer(train_config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+  """One optimizer object per optimizer setting, for the whole process: the
+  compiled step is memoised on it, so runs (and studies) that share the
+  setting compile once per architecture."""
+  fields = {k: v for k, v in train_config.to_dict().items()
+            if f'train.{k}' not in identity.NOT_TRAINING and k != 'seed'}
+  return _optimizer(json.dumps(fields, sort_keys=True, default=str))
+
+
+@functools.lru_cache(maxsize=16)
+def _optimizer(fields_json: str) -> optax.GradientTransformation:
+  return make_optimizer(ml_collections.ConfigDict(json.loads(fields_json)))
+
+
 def run_one(config: ml_collections.ConfigDict, workdir: str,
             tx: Optional[optax.GradientTransformation] = None,
-            on_trained: Optional[OnTrained] = None) -> list[dict]:
-  """Trains one model and evaluates it at every length.
+            on_trained: Optional[OnTrained] = None,
+            log: Optional[Callable[[str], None]] = None) -> list[dict]:
+  """Trains one model (or resumes it; nothing to do if finished) and
+  evaluates it at every length.
 
-  `on_trained(model, config, workdir)`, if given, is called with the trained
-  model (to draw a figure from it, say) before evaluation.
+  `workdir` holding a model trained with another config is refused
+  (`lab.identity`), or with `study.on_mismatch='retrain'` the run goes to a
+  fresh sibling `workdir-N` (logged). `on_trained(model, config, run_dir)`,
+  if given, is called with the trained model (to draw a figure from it, say)
+  before evaluation. A stop request (SIGTERM, Ctrl-C) is honoured during
+  training, evaluation and the writes (`train.interrupt`).
 
   Writes `metrics.jsonl` (every training step), `results.csv` (one row per
-  length, written last: its presence marks the run finished) and `run.json`
-  (timings and final training metrics) into `workdir`. Returns the rows.
+  length) and `run.json` (timings, final training metrics, and the
+  evaluation config: when it matches, the run is finished) into the run
+  directory, atomically. Returns the rows.
   """
   validate_config(config)
-  os.makedirs(workdir, exist_ok=True)
-  start = time.perf_counter()
-  model, last = train(config, workdir, progress=config.progress, tx=tx)
-  train_seconds = time.perf_counter() - start
-  if on_trained:
-    on_trained(model, config, workdir)
-  start = time.perf_counter()
+  with stop_requests():
+    run_dir = identity.resolve(workdir, config)
+    if run_dir != workdir and log:
+      log(f'{workdir} holds a run of another config; training into {run_dir}')
+    start = time.perf_counter()
+    model, last = train(config, run_dir, progress=config.progress,
+                        tx=tx or shared_optimizer(config.train))
+    train_seconds = time.perf_counter() - start
+    if on_trained:
+      on_trained(model, config, run_dir)
+    raise_if_stopped(f'after training {run_dir} (final checkpoint saved; its evaluation '
+                     'runs next time)')
+    if log:
+      log(f'evaluating {run_dir} at {len(eval_lengths(config))} lengths')
+    start = time.perf_counter()
+    with stage(f'during the evaluation of {run_dir} (training finished, final checkpoint '
+               'saved)'):
+      rows = _evaluate(model, config)
+    eval_seconds = time.perf_counter() - start
+    info = dict(train_seconds=train_seconds, final_train_metrics=last)
+    if not last:  # nothing trained this time: keep what the training run recorded
+      info.update(_read_json(os.path.join(run_dir, 'run.json'), info))
+    info.update(eval_seconds=eval_seconds, config=config.to_dict(),
+                evaluation=identity.evaluation_fields(config))
+    # results.csv first: a stop in between leaves an old run.json, which
+    # means "evaluate again", never stale results taken as current.
+    results.write_rows(os.path.join(run_dir, 'results.csv'), rows)
+    results.write_text(os.path.join(run_dir, 'run.json'),
+                       json.dumps(info, indent=1, default=str))
+  return rows
+
+
+def _read_json(path: str, default: dict) -> dict:
+  try:
+    with open(path) as f:
+      old = json.load(f)
+    return {k: old[k] for k in ('train_seconds', 'final_train_metrics') if k in old}
+  except (OSError, ValueError):
+    return default
+
+
+def _evaluate(model, config: ml_collections.ConfigDict) -> list[dict]:
+  """Result rows of `model` for every evaluation variant and length."""
   is_transformer = config.model.kind == 'transformer'
   max_position = (models.randomized_max_position(config)
                   if config.positions.randomized_eval == 'random' else 0)
-  rows = []
+  rows, digest = [], config_hash(config)
   for label, scaling in evaluation_variants(config):
     with rope_scaled(model, scaling):
       per_length = evaluate_lengths(
@@ -73,33 +137,19 @@ def run_one(config: ml_collections.ConfigDict, workdir: str,
           # scaling does not change: once per model is enough.
           generate=config.eval.generate and is_transformer and scaling is None)
     rows += [dict(task=config.task.name, encoding=label, seed=config.train.seed,
-                  config_hash=config_hash(config), version=attention_jax.__version__,
-                  **r) for r in per_length]
-  eval_seconds = time.perf_counter() - start
-  with open(os.path.join(workdir, 'run.json'), 'w') as f:
-    json.dump(dict(train_seconds=train_seconds, eval_seconds=eval_seconds,
-                   final_train_metrics=last, config=config.to_dict()), f, indent=1)
-  results.write_rows(os.path.join(workdir, 'results.csv'), rows)
+                  config_hash=digest, version=attention_jax.__version__, **r)
+             for r in per_length]
   return rows
 
 
-# Fields that change how a run is executed or logged, not what it computes.
-_NOT_HASHED = {'progress': None, 'study': None, 'distributed': None,
-               'train': ('seed', 'stop_after', 'log_every', 'checkpoint_every',
-                         'checkpoint_keep', 'tensorboard')}
-
-
 def config_hash(config: ml_collections.ConfigDict) -> str:
-  """12 hex digits identifying what a run computes: equal for two seeds of one
-  setup, different when any hyperparameter, the task or the encoding differ."""
-  d = config.to_dict()
-  for key, fields in _NOT_HASHED.items():
-    if fields is None:
-      d.pop(key, None)
-    else:
-      for field in fields:
-        d[key].pop(field, None)
-  text = json.dumps(d, sort_keys=True, default=str)
+  """12 hex digits identifying what a run computes: its trained-model and
+  evaluation fields (`lab.identity`) without the seed, so equal for two seeds
+  of one setup and different when any hyperparameter, the task, the encoding
+  or the evaluation differ."""
+  fields = dict(identity.trained_fields(config), **identity.evaluation_fields(config))
+  fields.pop('train.seed', None)
+  text = json.dumps(fields, sort_keys=True, default=str)
   return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -154,42 +204,94 @@ def run_study(config: ml_collections.ConfigDict, workdir: str,
               on_trained: Optional[OnTrained] = None) -> list[dict]:
   """The sweep. Writes `results.csv`, `summary.md` and `extrapolation.png`
   into `workdir` and the runs into `workdir/runs/TASK/LABEL/seedN/` (LABEL:
-  see `run_label`). `on_trained` is passed to every `run_one`."""
+  see `run_label`). `on_trained` is passed to every `run_one`.
+
+  Every config is validated and every run directory checked against its
+  config (`lab.identity`) before anything is created or trained. A finished
+  run is reused; one evaluated with other evaluation settings is evaluated
+  again from its final checkpoint. The workdir's outputs cover every run in
+  it that matches the current config, also runs of earlier sweeps outside
+  this one's tasks/models/encodings/seeds; summary.md lists them. Returns
+  the rows written to results.csv.
+  """
   validate_config(config, study=True)
   runs = run_configs(config)
   for c in runs:  # every run's config, checked before anything compiles
     validate_config(c)
-  os.makedirs(workdir, exist_ok=True)
-  rows, start = [], time.perf_counter()
-  tx = make_optimizer(config.train)  # one object: runs share compilations
-  for i, c in enumerate(runs, 1):
-    name = f'{c.task.name} {run_label(c)} seed {c.train.seed}'
-    run_dir = run_directory(workdir, c)
-    done = os.path.join(run_dir, 'results.csv')
-    if os.path.exists(done):
-      rows += results.read_rows(done)
-      log(f'[{i}/{len(runs)}] {name}: finished earlier, reused')
-      continue
-    run_rows = run_one(c, run_dir, tx, on_trained)
-    rows += run_rows
-    with open(os.path.join(run_dir, 'run.json')) as f:
-      info = json.load(f)
-    own = [r for r in run_rows if r['encoding'] == run_label(c)]  # not rope+…
-    in_range = [r['token_accuracy'] for r in own
-                if r['length'] <= config.task.train_max_length]
-    log(f'[{i}/{len(runs)}] {name}: '
-        f"train {info['train_seconds']:.0f}s, eval {info['eval_seconds']:.0f}s, "
-        f'token accuracy in training range {100 * sum(in_range) / len(in_range):.1f}%, '
-        f"at {own[-1]['length']}: {100 * own[-1]['token_accuracy']:.1f}% "
-        f'({time.perf_counter() - start:.0f}s so far)')
-  write_study_outputs(rows, workdir, config)
+  with stop_requests():
+    dirs = identity.resolve_all([(run_directory(workdir, c), c) for c in runs])
+    os.makedirs(workdir, exist_ok=True)
+    rows, start = [], time.perf_counter()
+    tx = shared_optimizer(config.train)  # one object: runs share compilations
+    for i, (c, run_dir) in enumerate(zip(runs, dirs), 1):
+      name = f'{c.task.name} {run_label(c)} seed {c.train.seed}'
+      raise_if_stopped(f'before {name} (runs before it are finished)')
+      done = identity.evaluated_rows(run_dir, c)
+      if done is not None:
+        rows += done
+        log(f'[{i}/{len(runs)}] {name}: finished earlier, reused')
+        continue
+      prefix = f'[{i}/{len(runs)}]'
+      run_rows = run_one(c, run_dir, tx, on_trained, log=lambda m, p=prefix: log(f'{p} {m}'))
+      rows += run_rows
+      with open(os.path.join(run_dir, 'run.json')) as f:
+        info = json.load(f)
+      own = [r for r in run_rows if r['encoding'] == run_label(c)]  # not rope+…
+      in_range = [r['token_accuracy'] for r in own
+                  if r['length'] <= config.task.train_max_length]
+      where = '' if run_dir == run_directory(workdir, c) else f' ({run_dir})'
+      log(f'{prefix} {name}{where}: '
+          f"train {info['train_seconds']:.0f}s, eval {info['eval_seconds']:.0f}s, "
+          f'token accuracy in training range {100 * sum(in_range) / len(in_range):.1f}%, '
+          f"at {own[-1]['length']}: {100 * own[-1]['token_accuracy']:.1f}% "
+          f'({time.perf_counter() - start:.0f}s so far)')
+    extra, coverage = _other_runs(workdir, config, dirs)
+    rows += extra
+    with stage('while writing the study outputs'):
+      write_study_outputs(rows, workdir, config, coverage)
   return rows
 
 
-def write_study_outputs(rows, workdir: str, config: ml_collections.ConfigDict) -> None:
+def _other_runs(workdir: str, config: ml_collections.ConfigDict, dirs: list[str]):
+  """Rows of the workdir's finished runs outside this sweep that match its
+  config (as trained and as evaluated), and the coverage lists for summary.md:
+  (covered, earlier, excluded)."""
+  rel = lambda d: os.path.relpath(d, workdir)
+  swept = {os.path.abspath(d) for d in dirs}
+  rows, earlier, excluded = [], [], []
+  for path in sorted(glob.glob(os.path.join(workdir, 'runs', '*', '*', '*', 'results.csv'))):
+    run_dir = os.path.dirname(path)
+    if os.path.abspath(run_dir) in swept:
+      continue
+    stored = identity.read_config(run_dir)
+    if stored is None:
+      excluded.append((rel(run_dir), 'no readable config.json'))
+      continue
+    candidate = ml_collections.ConfigDict(config.to_dict())
+    for key in identity.RUN_KEYS:  # that run's place in a sweep, the rest from this config
+      section, field = key.split('.')
+      candidate[section][field] = stored[section][field]
+    diffs = identity.differences(stored, candidate)
+    found = None if diffs else identity.evaluated_rows(run_dir, candidate)
+    if diffs:
+      excluded.append((rel(run_dir), 'trained with other ' + ', '.join(k for k, _, _ in diffs[:3])))
+    elif found is None:
+      excluded.append((rel(run_dir), 'evaluated with other eval settings'))
+    else:
+      rows += found
+      earlier.append(rel(run_dir))
+  return rows, ([rel(d) for d in dirs] + earlier, earlier, excluded)
+
+
+def write_study_outputs(rows, workdir: str, config: ml_collections.ConfigDict,
+                        coverage: Optional[tuple] = None) -> None:
+  """results.csv, summary.md (with `coverage`, `_other_runs`' lists, saying
+  which runs it covers) and extrapolation.png; the text files atomically."""
   t = config.task
   results.write_rows(os.path.join(workdir, 'results.csv'), rows)
-  with open(os.path.join(workdir, 'summary.md'), 'w') as f:
-    f.write(results.summary_markdown(rows, t.train_min_length, t.train_max_length))
+  summary = results.summary_markdown(rows, t.train_min_length, t.train_max_length)
+  if coverage:
+    summary += '\n' + '\n'.join(results.coverage_summary(*coverage))
+  results.write_text(os.path.join(workdir, 'summary.md'), summary)
   plot_extrapolation(rows, os.path.join(workdir, 'extrapolation.png'),
                      train_min=t.train_min_length, train_max=t.train_max_length)

@@ -1,13 +1,28 @@
 """Config checks that run before anything compiles.
 
-Each failure is one `ValueError` naming the key, its value and what is allowed.
+Each failure is one `ConfigError` (a `ValueError`) naming the key, its value
+and what is allowed; the entry points print it alone and exit 2, before any
+file is written.
 """
 
-import jax
-import ml_collections
+import inspect
+from typing import Optional
 
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from attention_jax.attention import DenseBias
+from attention_jax.attention import IMPLEMENTATIONS
+from attention_jax.attention import LinearBias
+from attention_jax.attention import Request
+from attention_jax.attention import select_implementation
 from attention_jax.lab import tasks
 from attention_jax.nn.additive import SCORES
+from attention_jax.positional import ENCODINGS
+from attention_jax.positional import make_encoding
 from attention_jax.positional import parse_encoding_spec
 from attention_jax.positional.rope import SCALINGS
 from attention_jax.lab.models import MODEL_KINDS
@@ -15,9 +30,82 @@ from attention_jax.lab.models import longest_sequence
 from attention_jax.lab.models import randomized_max_position
 
 
+ON_MISMATCH = ('error', 'retrain')  # study.on_mismatch, see lab/identity.py
+# make_encoding's own arguments; the rest of a `build` signature are options.
+_COMMON = {'cls', 'd_model', 'num_heads', 'max_positions', 'causal', 'rngs'}
+
+
+class ConfigError(ValueError):
+  """A config that cannot run, found before anything is created."""
+
+
 def _require(ok: bool, message: str) -> None:
   if not ok:
-    raise ValueError(f'invalid config: {message}')
+    raise ConfigError(f'invalid config: {message}')
+
+
+def _number(value, ok, key: str, allowed: str) -> None:
+  _require(isinstance(value, (int, float)) and not isinstance(value, bool) and ok(value),
+           f'{key}={value!r} must be {allowed}.')
+
+
+def _check_optimizer(tr) -> None:
+  """Values the optimizer would take without complaint and train nonsense with."""
+  _number(tr.learning_rate, lambda v: v > 0, 'train.learning_rate', '> 0')
+  _number(tr.weight_decay, lambda v: v >= 0, 'train.weight_decay', '>= 0')
+  _number(tr.warmup_steps, lambda v: 0 <= v <= tr.num_steps, 'train.warmup_steps',
+          f'in 0…train.num_steps={tr.num_steps}')
+  _number(tr.grad_clip_norm, lambda v: v > 0, 'train.grad_clip_norm', '> 0')
+  _number(tr.final_lr_fraction, lambda v: 0 <= v <= 1, 'train.final_lr_fraction', 'in [0, 1]')
+  for name in ('adam_b1', 'adam_b2'):
+    _number(tr[name], lambda v: 0 <= v < 1, f'train.{name}', 'in [0, 1)')
+  _number(tr.checkpoint_keep, lambda v: v >= 1, 'train.checkpoint_keep', '>= 1')
+  for name in ('checkpoint_every', 'stop_after'):
+    _number(tr[name], lambda v: v >= 0, f'train.{name}', '>= 0')
+
+
+def _check_encoding_options(options) -> None:
+  """Every model.encoding_options.NAME names an encoding, and every option one
+  its `build` takes (else the model would fail when built, files written)."""
+  for name, values in (options or {}).items():
+    _check_names((name,), ENCODINGS, 'model.encoding_options')
+    parameters = inspect.signature(ENCODINGS[name].build).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+      continue
+    allowed = sorted(set(parameters) - _COMMON)
+    for option in values or {}:
+      _require(option in allowed, f'model.encoding_options.{name}.{option}: {name!r} takes '
+               f'{allowed or "no options"}.')
+
+
+def kernel_refusal(config: ml_collections.ConfigDict, spec: str) -> Optional[str]:
+  """Why model.attention_implementation cannot run encoding `spec`, asked of
+  the library: the encoding says what it adds to the scores (at positions
+  0 … T-1, or drawn ones for NAME:modifier), the kernel table whether the
+  named kernel serves that. None if it can."""
+  m = config.model
+  if m.attention_implementation not in IMPLEMENTATIONS:
+    return (f'model.attention_implementation={m.attention_implementation!r}: choose one of '
+            f'{IMPLEMENTATIONS}.')
+  if m.attention_implementation in ('auto', 'dense'):
+    return None
+  name, _, modifier = spec.partition(':')
+  options = (m.get('encoding_options') or {}).get(name) or {}
+  try:
+    encoding = make_encoding(name, d_model=m.d_model, num_heads=m.num_heads, max_positions=8,
+                             causal=True, rngs=nnx.Rngs(0), **dict(options))
+  except ValueError as e:
+    return f'model.encoding_options.{name}: {e}'
+  positions = np.array([0, 2, 5]) if modifier else np.arange(3)
+  bias = encoding.score_bias(positions, positions)
+  request = Request(t_k=len(positions), dtype=jnp.float32, head_dim=m.d_model // m.num_heads,
+                    dense_bias=bias.origin if isinstance(bias, DenseBias) else None,
+                    linear_bias=isinstance(bias, LinearBias))
+  try:
+    select_implementation(m.attention_implementation, request)
+  except ValueError as e:
+    return f'model.attention_implementation={m.attention_implementation!r} with {spec!r}: {e}'
+  return None
 
 
 def _check_positive(section, names, prefix):
@@ -39,6 +127,7 @@ def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -
   _check_positive(m, ('d_model', 'num_heads', 'num_layers', 'mlp_dim', 'rnn_hidden_dim'),
                   'model')
   _check_positive(tr, ('batch_size', 'num_steps', 'log_every', 'steps_per_call'), 'train')
+  _check_optimizer(tr)
   for name in ('num_steps', 'log_every', 'checkpoint_every', 'stop_after'):
     _require(tr[name] % tr.steps_per_call == 0,
              f'train.{name}={tr[name]} is not a multiple of train.steps_per_call='
@@ -65,6 +154,7 @@ def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -
   _check_names((m.attention_score,), SCORES, 'model.attention_score')
   if study:
     _require(len(config.study.seeds) >= 1, 'study.seeds is empty.')
+  _check_names((config.study.get('on_mismatch', 'error'),), ON_MISMATCH, 'study.on_mismatch')
   if 'transformer' not in kinds:
     return  # the remaining checks concern transformers only
 
@@ -76,7 +166,12 @@ def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -
     try:
       parsed.append(parse_encoding_spec(spec))
     except ValueError as e:
-      raise ValueError(f"invalid config: {'study.encodings' if study else 'model.encoding'}: {e}") from None
+      key = 'study.encodings' if study else 'model.encoding'
+      raise ConfigError(f'invalid config: {key}: {e}') from None
+  _check_encoding_options(m.get('encoding_options'))
+  for spec in specs:
+    refusal = kernel_refusal(config, spec)
+    _require(refusal is None, refusal)
   encodings = {name for name, _ in parsed}
   randomized = any(r for _, r in parsed)
   _require(m.num_kv_heads >= 0 and (m.num_kv_heads == 0 or m.num_heads % m.num_kv_heads == 0),

@@ -31,6 +31,7 @@ from flax import nnx
 from attention_jax.lab import models
 from attention_jax.lab import tasks
 from attention_jax.lab.scoring import prediction_metrics
+from attention_jax.lab.train.interrupt import raise_if_stopped
 
 
 def default_eval_lengths(train_max: int, eval_max: int) -> list[int]:
@@ -107,6 +108,7 @@ def evaluate_lengths(model: nnx.Module, task: tasks.Task, lengths: Iterable[int]
                                 vocab_size=vocab_size, max_position=max_position,
                                 generate=generate)
     for n in bucket_lengths:
+      raise_if_stopped()  # a stop request during evaluation, between lengths
       keys = jax.random.split(jax.random.fold_in(jax.random.key(eval_seed), n), num_batches)
       results = jax.device_get([eval_fn(state, key, jnp.int32(n)) for key in keys])
       # Every batch has the same number of sequences and of output tokens.

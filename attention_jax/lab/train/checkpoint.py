@@ -4,15 +4,24 @@ The state saved is the (model, optimizer) NNX state as a pure dict of arrays
 plus the step; the data stream needs nothing else, since batch `step` is a
 function of `(seed, step)`. Orbax writes each checkpoint to a temporary
 folder and renames it when complete, so a checkpoint interrupted half-way is
-never picked up by `restore_latest`.
+never picked up by `restore_latest`. A complete one damaged afterwards (a
+truncated file: a full disk, a copy cut short) is reported by path and
+skipped for the newest one that reads back.
 """
 
 import os
+import shutil
 from typing import Optional
 
 import jax
 import orbax.checkpoint as ocp
+from absl import logging
 from flax import nnx
+
+
+def _first_line(error: Exception) -> str:
+  text = str(error).strip().splitlines()
+  return f'{type(error).__name__}: {text[0][:200] if text else ""}'
 
 
 class Checkpointer:
@@ -20,19 +29,50 @@ class Checkpointer:
 
   def __init__(self, directory: str, *, every: int, keep: int):
     self.every = every
+    self.directory = os.path.abspath(directory)
     self.manager = ocp.CheckpointManager(
-        os.path.abspath(directory),
-        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
+        self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
 
-  def restore_latest(self, state: nnx.State) -> tuple[nnx.State, int]:
-    """`(state, step)` from the newest complete checkpoint, or `(state, 0)`."""
-    step = self.manager.latest_step()
-    if step is None:
-      return state, 0
+  def restore_latest(self, state: nnx.State, *, set_aside: bool = True
+                     ) -> tuple[nnx.State, int]:
+    """`(state, step)` from the newest checkpoint that reads back, or
+    `(state, 0)` with `state` untouched if none does.
+
+    Unreadable checkpoints are named in one warning and, with `set_aside`,
+    moved to `checkpoints.damaged/STEP` (kept for inspection; out of orbax's
+    sight, so the run saves that step again when it gets there).
+    """
     pure = nnx.to_pure_dict(state)
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, pure)
-    restored = self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
-    nnx.replace_by_pure_dict(state, restored)
+    damaged, restored, step = [], None, 0
+    for candidate in sorted(self.manager.all_steps(), reverse=True):
+      try:
+        restored = self.manager.restore(candidate, args=ocp.args.StandardRestore(abstract))
+      except Exception as e:  # pylint: disable=broad-except
+        # Truncated JSON metadata and truncated TensorStore data raise
+        # unrelated types (JSONDecodeError, ValueError, a bare Exception)
+        # that name no file; the path is what a user needs.
+        damaged.append((candidate, e))
+        continue
+      step = candidate
+      break
+    if damaged:
+      aside = self.directory + '.damaged'
+      listed = '; '.join(f'{os.path.join(self.directory, str(s))} ({_first_line(e)})'
+                         for s, e in damaged)
+      outcome = (f'resuming from the checkpoint of step {step}' if restored is not None
+                 else 'no readable checkpoint is left: training starts over from step 0')
+      moved = f'; moved to {aside}/' if set_aside else ''
+      logging.warning('unreadable checkpoint: %s; %s%s', listed, outcome, moved)
+      if set_aside and jax.process_index() == 0:
+        os.makedirs(aside, exist_ok=True)
+        for s, _ in damaged:
+          target = os.path.join(aside, str(s))
+          shutil.rmtree(target, ignore_errors=True)  # an older damaged copy of that step
+          shutil.move(os.path.join(self.directory, str(s)), target)
+        self.manager.reload()
+    if restored is not None:
+      nnx.replace_by_pure_dict(state, restored)
     return state, step
 
   def maybe_save(self, step: int, state: nnx.State, *, force: bool = False) -> bool:

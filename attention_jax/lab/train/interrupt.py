@@ -1,15 +1,26 @@
-"""Turning SIGTERM and Ctrl-C into a clean stop at the next step boundary."""
+"""SIGTERM and Ctrl-C as a stop request, honoured wherever it arrives.
+
+One scope (`stop_requests`) covers a whole job: the study, a run's training,
+its final writes, its evaluation, the gaps between runs. Scopes nest: an
+inner one (the training loop's) shares the outermost one's flag, so a signal
+that arrives after the loop's last check is still seen by the next check
+(`raise_if_stopped`, before evaluation, between lengths, between runs). A
+signal that arrives after the last check of the outermost scope is raised when
+that scope ends: a stop is never dropped.
+"""
 
 import contextlib
 import signal
 import threading
 import types
+from typing import Optional
 
 
 class TrainingInterrupted(Exception):
-  """Raised by the training loop after it saved a checkpoint on a stop request.
+  """A stop request honoured: raised after what was done so far is saved.
 
-  `args[1]` is the signal number, or None for `train.stop_after`.
+  `args[0]` is the message, `args[1]` the signal number, or None for
+  `train.stop_after`.
   """
 
   @property
@@ -18,13 +29,23 @@ class TrainingInterrupted(Exception):
     return 128 + self.args[1] if self.args[1] else 0
 
 
+_RESUME = 'run the same command again to resume.'
+# The flag of the outermost scope (None outside any scope) and what the job is
+# doing, for the message of a stop outside the training loop.
+_active = types.SimpleNamespace(flag=None, stage='while working')
+
+
 @contextlib.contextmanager
 def stop_requests():
   """Yields a flag whose `.signal` becomes the signal number on SIGINT or
-  SIGTERM; the loop checks it between steps. A second signal of the same kind
-  gets the previous handler (a second Ctrl-C still kills a stuck run).
-  Outside the main thread, where handlers cannot be installed, the flag stays
-  None."""
+  SIGTERM. A second signal of the same kind gets the previous handler (a
+  second Ctrl-C still kills a stuck job). Outside the main thread, where
+  handlers cannot be installed, the flag stays None. Nested scopes share the
+  outermost flag; the outermost raises `TrainingInterrupted` on a normal exit
+  if a signal arrived that nothing acted on."""
+  if _active.flag is not None:
+    yield _active.flag
+    return
   flag = types.SimpleNamespace(signal=None)
   if threading.current_thread() is not threading.main_thread():
     yield flag
@@ -39,8 +60,39 @@ def stop_requests():
 
   for s in signals:
     signal.signal(s, handler)
+  _active.flag = flag
   try:
     yield flag
   finally:
+    _active.flag = None
     for s in signals:
       signal.signal(s, previous[s])
+  if flag.signal:  # only on a normal exit: an exception in flight wins
+    raise TrainingInterrupted(
+        f'stopped by signal {flag.signal} after the work had finished; every output '
+        'is written.', flag.signal)
+
+
+@contextlib.contextmanager
+def stage(description: str):
+  """Names what the job does meanwhile ('during the evaluation of …'), for
+  the message of a stop `raise_if_stopped` honours."""
+  previous, _active.stage = _active.stage, description
+  try:
+    yield
+  finally:
+    _active.stage = previous
+
+
+def stop_signal() -> Optional[int]:
+  """The signal received in the current scope, or None."""
+  return _active.flag.signal if _active.flag is not None else None
+
+
+def raise_if_stopped(where: Optional[str] = None) -> None:
+  """Raises `TrainingInterrupted` if a stop was requested in this scope;
+  `where` (default: the current `stage`) goes into the message."""
+  signum = stop_signal()
+  if signum:
+    raise TrainingInterrupted(
+        f'stopped by signal {signum} {where or _active.stage}; {_RESUME}', signum)

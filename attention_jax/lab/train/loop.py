@@ -19,10 +19,12 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from attention_jax.lab import identity
 from attention_jax.lab import models
 from attention_jax.lab import tasks
 from attention_jax.lab.train.checkpoint import Checkpointer
 from attention_jax.lab.train.interrupt import TrainingInterrupted
+from attention_jax.lab.train.interrupt import raise_if_stopped
 from attention_jax.lab.train.interrupt import stop_requests
 from attention_jax.lab.train.metrics import MetricsWriter
 from attention_jax.lab.train.optimizer import learning_rate_schedule
@@ -47,11 +49,14 @@ def train(config: ml_collections.ConfigDict, workdir: Optional[str] = None,
   """Trains one model, resuming from `workdir`'s latest checkpoint if any;
   returns the model and the last logged step's metrics.
 
-  With a `workdir`: one JSON line per step in `metrics.jsonl`, TensorBoard
-  files in `tensorboard/` (if `config.train.tensorboard`), checkpoints in
-  `checkpoints/` every `config.train.checkpoint_every` steps and at the end.
-  SIGTERM or Ctrl-C (or reaching `config.train.stop_after` steps, for
-  time-boxed jobs) saves a checkpoint and raises `TrainingInterrupted`.
+  With a `workdir`: the config in `config.json` (a workdir trained with
+  another config is refused, see `lab.identity`), one JSON line per step in
+  `metrics.jsonl`, TensorBoard files in `tensorboard/` (if
+  `config.train.tensorboard`), checkpoints in `checkpoints/` every
+  `config.train.checkpoint_every` steps and at the end. SIGTERM or Ctrl-C (or
+  reaching `config.train.stop_after` steps, for time-boxed jobs) saves a
+  checkpoint and raises `TrainingInterrupted`; a signal after the last step
+  is left to the enclosing `stop_requests` scope (the caller's next check).
   Host-device syncs happen every `config.train.log_every` steps only.
 
   `tx` defaults to `make_optimizer(config.train)`. The compiled step is
@@ -59,6 +64,14 @@ def train(config: ml_collections.ConfigDict, workdir: Optional[str] = None,
   a sweep passes one `tx` to all its runs to compile once per architecture
   instead of once per run.
   """
+  with stop_requests():
+    raise_if_stopped(f'before training {workdir or "a model"}')
+    if workdir:
+      identity.claim(workdir, config)  # before anything is built: a mismatch is one message
+    return _train(config, workdir, progress=progress, tx=tx)
+
+
+def _train(config, workdir, *, progress, tx):
   t_cfg = config.train
   task = tasks.get_task(config.task.name)
   model = models.build_model(config, t_cfg.seed)
@@ -111,6 +124,7 @@ def train(config: ml_collections.ConfigDict, workdir: Optional[str] = None,
                           steps_s=f'{rate:.0f}')
           pending = []
         if checkpointer:
+          writer.flush()
           checkpointer.maybe_save(done, state)
         if stopping:
           if checkpointer:
@@ -132,3 +146,33 @@ def train(config: ml_collections.ConfigDict, workdir: Optional[str] = None,
       checkpointer.close()
   model, _ = nnx.merge(graphdef, state)
   return model, last
+
+
+def load_trained(config: ml_collections.ConfigDict, workdir: str,
+                 tx: Optional[optax.GradientTransformation] = None) -> nnx.Module:
+  """The model of the finished run in `workdir`, restored from its final
+  checkpoint without training and without writing anything. A missing run,
+  an unfinished one or one trained with another config (`lab.identity`) is
+  a `ConfigError` saying which."""
+  problem = identity.mismatch(workdir, config)
+  if problem:
+    raise identity.RunMismatch(problem, 'pass the config that run was trained with.')
+  directory = os.path.join(workdir, 'checkpoints')
+  if not os.path.isdir(directory):
+    raise identity.ConfigError(f'{workdir} holds no trained run (no checkpoints/); '
+                               'train it first.')
+  model = models.build_model(config, config.train.seed)
+  optimizer = nnx.Optimizer(model, tx or make_optimizer(config.train), wrt=nnx.Param)
+  graphdef, state = nnx.split((model, optimizer))
+  checkpointer = Checkpointer(directory, every=config.train.num_steps,
+                              keep=config.train.checkpoint_keep)
+  try:
+    state, step = checkpointer.restore_latest(state, set_aside=False)
+  finally:
+    checkpointer.close()
+  if step != config.train.num_steps:
+    raise identity.ConfigError(f'{workdir} is not finished: its latest readable checkpoint is '
+                               f'step {step} of {config.train.num_steps}; resume its training '
+                               'first.')
+  model, _ = nnx.merge(graphdef, state)
+  return model

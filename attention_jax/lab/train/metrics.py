@@ -2,7 +2,8 @@
 
 TensorBoard files are written with tensorboardX, which needs no TensorFlow.
 Only process 0 writes. On resume the JSON lines of steps at or after the
-resumed step are dropped first, so the file never holds a step twice.
+resumed step are dropped first, so the file never holds a step twice, and so
+is a last line cut short by a kill mid-write (its step is recomputed).
 """
 
 import json
@@ -12,10 +13,21 @@ from typing import Optional
 import jax
 
 
+def _step(line: str) -> float:
+  """The step of one JSON line; infinity for a line that does not parse (the
+  last one, cut short), so that it is dropped with the steps to redo."""
+  try:
+    return json.loads(line)['step']
+  except (json.JSONDecodeError, KeyError, TypeError):
+    return float('inf')
+
+
 class MetricsWriter:
 
   def __init__(self, workdir: Optional[str], *, start_step: int, tensorboard: bool,
                config_json: str):
+    """`config_json` goes into TensorBoard's text tab (the run's config.json
+    is written by `lab.identity.claim`)."""
     self.enabled = bool(workdir) and jax.process_index() == 0
     self.jsonl = self.tb = None
     if not self.enabled:
@@ -24,11 +36,13 @@ class MetricsWriter:
     kept = []
     if start_step and os.path.exists(path):
       with open(path) as f:
-        kept = [line for line in f if json.loads(line)['step'] < start_step]
-    self.jsonl = open(path, 'w')
-    self.jsonl.writelines(kept)
-    with open(os.path.join(workdir, 'config.json'), 'w') as f:
-      f.write(config_json)  # the hyperparameters, once per run
+        kept = [line.rstrip('\n') + '\n' for line in f if _step(line) < start_step]
+    # The kept lines replace the file at once (a kill meanwhile leaves the old
+    # one), then new lines are appended.
+    with open(path + '.tmp', 'w') as f:
+      f.writelines(kept)
+    os.replace(path + '.tmp', path)
+    self.jsonl = open(path, 'a')
     if tensorboard:
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
       self.tb = SummaryWriter(os.path.join(workdir, 'tensorboard'), purge_step=start_step)
@@ -43,6 +57,12 @@ class MetricsWriter:
       for key, value in row.items():
         if key != 'step':
           self.tb.add_scalar(f'train/{key}', value, row['step'])
+
+  def flush(self) -> None:
+    """Puts the lines written so far on disk: called before each checkpoint,
+    so that no step a checkpoint covers can be missing from the file."""
+    if self.jsonl:
+      self.jsonl.flush()
 
   def close(self) -> None:
     if self.jsonl:

@@ -1,0 +1,249 @@
+"""Which config a run directory belongs to.
+
+A run directory holds one trained model. Its `config.json` records the config
+the model was trained with (written before the first step); its `run.json`
+records the evaluation config that produced its `results.csv`. Before
+anything trains, a config is compared with what a directory holds:
+
+* every field that changes the trained model must be equal, or the run is
+  refused with one message naming the fields and both values;
+  `study.on_mismatch='retrain'` trains into a fresh sibling directory
+  (`seed0-2`, `seed0-3`, …) instead, so two configs never share a directory;
+* evaluation fields may differ: the stored model is evaluated again.
+
+"Changes the trained model" is everything except `NOT_TRAINING`, a list of
+evaluation, logging and execution fields: a field added to a config counts
+as part of the trained model until it is listed here. Two things derive from
+evaluation fields and are compared as such: the parameter shapes (a learned
+table is sized from eval.max_length when model.max_positions is 0) and, for
+encodings drawing positions from a range (NAME:modifier) with
+positions.max_position 0, eval.max_length itself (the range derives from it).
+"""
+
+import functools
+import glob
+import json
+import os
+import re
+from typing import Optional
+
+import jax
+import ml_collections
+from flax import nnx
+
+from attention_jax.lab import models
+from attention_jax.lab import results
+from attention_jax.lab.validate import ConfigError
+
+# Fields that do not change the trained model (a trailing '.' covers a group).
+NOT_TRAINING = (
+    'eval.',  # what is measured (see the module docstring for what derives from it)
+    'positions.randomized_eval',  # evaluation positions
+    'study.',  # which runs a sweep visits; a run's config has its own task/kind/encoding/seed
+    'train.stop_after', 'train.log_every', 'train.checkpoint_every', 'train.checkpoint_keep',
+    'train.tensorboard',  # when to stop, log and checkpoint
+    'train.steps_per_call',  # steps fused per compiled call: the same training (to 1e-6)
+    'progress', 'distributed', 'deterministic_gpu', 'imports',  # how the process runs
+)
+# Fields whose change re-evaluates a stored model.
+EVALUATION = ('eval.', 'positions.randomized_eval')
+# What places a run in a sweep (and in `runs/TASK/LABEL/seedN`).
+RUN_KEYS = ('task.name', 'model.kind', 'model.encoding', 'train.seed')
+HINT = ('use a new --workdir, or --config.study.on_mismatch=retrain to train into a '
+        'fresh run directory.')
+_MISSING = '(absent)'
+
+
+class RunMismatch(ConfigError):
+  """A run directory holds a model trained with another config. `problem`:
+  what differs; the message adds what to do."""
+
+  def __init__(self, problem: str, hint: str = HINT):
+    super().__init__(f'{problem}; {hint}')
+    self.problem = problem
+
+
+def flatten(tree, prefix: str = '') -> dict:
+  """{'a': {'b': 1}} -> {'a.b': 1}."""
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      out.update(flatten(value, f'{prefix}{key}.'))
+    else:
+      out[f'{prefix}{key}'] = value
+  return out
+
+
+def _normalized(value):
+  """JSON's view of a value (tuples become lists), so a config read back from
+  config.json compares equal to the one it was written from."""
+  return json.loads(json.dumps(value, sort_keys=True, default=str))
+
+
+def _listed(key: str, patterns) -> bool:
+  return any(key == p or (p.endswith('.') and key.startswith(p)) for p in patterns)
+
+
+@functools.lru_cache(maxsize=64)
+def _shapes(config_json: str) -> tuple:
+  """(path, shape) of every variable of the model `config_json` builds,
+  without allocating it."""
+  config = ml_collections.ConfigDict(json.loads(config_json))
+  state = nnx.to_pure_dict(nnx.state(nnx.eval_shape(lambda: models.build_model(config, 0))))
+  leaves = jax.tree_util.tree_flatten_with_path(state)[0]
+  return tuple(('/'.join(str(getattr(k, 'key', getattr(k, 'idx', k))) for k in path),
+                list(leaf.shape)) for path, leaf in leaves)
+
+
+def trained_fields(config: ml_collections.ConfigDict) -> dict:
+  """The fields that make a run's trained model, flat ('train.learning_rate'),
+  JSON-normalized; see the module docstring."""
+  flat = flatten(config.to_dict())
+  spec = str(flat.get('model.encoding', ''))
+  name, _, modifier = spec.partition(':')
+  modifier = modifier if flat.get('model.kind') == 'transformer' else ''
+  fields = {k: v for k, v in flat.items() if not _listed(k, NOT_TRAINING)
+            # Options of other encodings do not reach this run's model, nor
+            # the positions group a run without NAME:modifier.
+            and not (k.startswith('model.encoding_options.') and k.split('.')[2] != name)
+            and not (k.startswith('positions.') and not modifier)}
+  if modifier and not flat.get('positions.max_position'):
+    fields['eval.max_length'] = flat.get('eval.max_length')
+  try:
+    # The seed and the sweep do not shape the model: one build per setup.
+    key = dict(config.to_dict(), study=None, train=dict(config.train.to_dict(), seed=0))
+    for path, shape in _shapes(json.dumps(key, sort_keys=True, default=str)):
+      fields[f'shape of {path}'] = shape
+  except Exception:  # pylint: disable=broad-except
+    pass  # a config this version cannot build (an older layout): its fields still differ
+  return _normalized(fields)
+
+
+def evaluation_fields(config: ml_collections.ConfigDict) -> dict:
+  """The fields that make a run's results given its model."""
+  return _normalized({k: v for k, v in flatten(config.to_dict()).items()
+                      if _listed(k, EVALUATION)})
+
+
+def read_config(run_dir: str) -> Optional[ml_collections.ConfigDict]:
+  """The config `run_dir` was trained with (its config.json), or None."""
+  try:
+    with open(os.path.join(run_dir, 'config.json')) as f:
+      return ml_collections.ConfigDict(json.load(f))
+  except (OSError, ValueError):
+    return None
+
+
+def has_trained_state(run_dir: str) -> bool:
+  """Whether anything trained is in `run_dir`: a checkpoint or results."""
+  checkpoints = os.path.join(run_dir, 'checkpoints')
+  return os.path.exists(os.path.join(run_dir, 'results.csv')) or (
+      os.path.isdir(checkpoints) and any(n.isdigit() for n in os.listdir(checkpoints)))
+
+
+def _describe(diffs: list, run_dir: str) -> str:
+  shown = diffs[:6]
+  more = f' (and {len(diffs) - len(shown)} more fields)' if len(diffs) > len(shown) else ''
+  fmt = lambda v: _MISSING if v is _MISSING else repr(v)
+  if len(shown) == 1:
+    key, old, new = shown[0]
+    text = f'{run_dir} was trained with {key}={fmt(old)}, this config has {fmt(new)}'
+  else:
+    text = (f'{run_dir} was trained with ' + ', '.join(f'{k}={fmt(o)}' for k, o, _ in shown)
+            + '; this config has ' + ', '.join(f'{k}={fmt(n)}' for k, _, n in shown))
+  if any(k.startswith('shape of ') for k, _, _ in shown):
+    text += ' (with model.max_positions=0, tables are sized from eval.max_length)'
+  return text + more
+
+
+def differences(stored: ml_collections.ConfigDict, config: ml_collections.ConfigDict
+                ) -> list[tuple[str, object, object]]:
+  """(field, stored value, value in `config`) for each trained-model field
+  that differs."""
+  old, new = trained_fields(stored), trained_fields(config)
+  return [(k, old.get(k, _MISSING), new.get(k, _MISSING)) for k in sorted(old.keys() | new.keys())
+          if old.get(k, _MISSING) != new.get(k, _MISSING)]
+
+
+def mismatch(run_dir: str, config: ml_collections.ConfigDict) -> Optional[str]:
+  """None if `run_dir` may hold `config`'s run (nothing trained in it yet, or
+  trained with the same trained-model fields); else what differs."""
+  if not has_trained_state(run_dir):
+    return None
+  stored = read_config(run_dir)
+  if stored is None:
+    return f'{run_dir} holds a trained model but no readable config.json to compare with'
+  diffs = differences(stored, config)
+  return _describe(diffs, run_dir) if diffs else None
+
+
+def claim(run_dir: str, config: ml_collections.ConfigDict) -> None:
+  """Refuses (`RunMismatch`) a directory trained with another config, else
+  records `config` as the one its model is trained with."""
+  problem = mismatch(run_dir, config)
+  if problem:
+    raise RunMismatch(problem)
+  if jax.process_index() == 0:
+    os.makedirs(run_dir, exist_ok=True)
+    results.write_text(os.path.join(run_dir, 'config.json'),
+                       config.to_json_best_effort(indent=1, sort_keys=True))
+
+
+def siblings(run_dir: str) -> list[str]:
+  """Existing `run_dir-2`, `run_dir-3`, … in order."""
+  pattern = re.compile(re.escape(os.path.basename(run_dir)) + r'-(\d+)$')
+  found = [(int(m.group(1)), p) for p in glob.glob(glob.escape(run_dir) + '-*')
+           if (m := pattern.match(os.path.basename(p)))]
+  return [p for _, p in sorted(found)]
+
+
+def resolve(run_dir: str, config: ml_collections.ConfigDict) -> str:
+  """The directory `config`'s run lives in: `run_dir` if it is free or holds
+  this config's run, else a sibling `run_dir-N` that holds it; else, with
+  `study.on_mismatch='retrain'`, the next free sibling; else `RunMismatch`."""
+  problem = mismatch(run_dir, config)
+  if problem is None:
+    return run_dir
+  siblings_ = siblings(run_dir)
+  for d in siblings_:
+    if has_trained_state(d) and mismatch(d, config) is None:
+      return d
+  if on_mismatch(config) == 'retrain':
+    free = [d for d in siblings_ if not has_trained_state(d)]
+    return free[0] if free else f'{run_dir}-{len(siblings_) + 2}'
+  raise RunMismatch(problem)
+
+
+def resolve_all(runs: list[tuple[str, ml_collections.ConfigDict]]) -> list[str]:
+  """`resolve` for every (run_dir, config) of a sweep, before any trains;
+  every mismatch is in one `RunMismatch` (the first named, the rest counted)."""
+  resolved, problems = [], []
+  for run_dir, config in runs:
+    try:
+      resolved.append(resolve(run_dir, config))
+    except RunMismatch as e:
+      problems.append(e.problem)
+  if problems:
+    more = f' ({len(problems) - 1} more runs differ as well)' if len(problems) > 1 else ''
+    raise RunMismatch(problems[0] + more)
+  return resolved
+
+
+def on_mismatch(config: ml_collections.ConfigDict) -> str:
+  study = config.get('study') or {}
+  return study.get('on_mismatch', 'error')
+
+
+def evaluated_rows(run_dir: str, config: ml_collections.ConfigDict) -> Optional[list[dict]]:
+  """The run's result rows if it was evaluated with `config`'s evaluation
+  fields (results.csv, and run.json recording them); None if it must be
+  evaluated (again)."""
+  try:
+    with open(os.path.join(run_dir, 'run.json')) as f:
+      recorded = json.load(f).get('evaluation')
+  except (OSError, ValueError):
+    return None
+  path = os.path.join(run_dir, 'results.csv')
+  if recorded != evaluation_fields(config) or not os.path.exists(path):
+    return None
+  return results.read_rows(path)
