@@ -38,9 +38,9 @@ def _trained_run(config: ml_collections.ConfigDict, workdir: str) -> str:
   run directory, or the sibling a `study.on_mismatch=retrain` sweep trained
   it into. A clear error if there is none."""
   run_dir = run_directory(workdir, config)
-  for d in [run_dir] + identity.siblings(run_dir):
-    if identity.has_trained_state(d) and identity.mismatch(d, config) is None:
-      return d
+  found = identity.find_trained(run_dir, config)
+  if found:
+    return found
   problem = identity.mismatch(run_dir, config)
   if problem:
     raise identity.RunMismatch(problem, 'pass the config the study was run with.')

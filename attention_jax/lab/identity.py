@@ -197,20 +197,31 @@ def siblings(run_dir: str) -> list[str]:
   return [p for _, p in sorted(found)]
 
 
+def find_trained(run_dir: str, config: ml_collections.ConfigDict) -> Optional[str]:
+  """`run_dir` or the sibling `run_dir-N` that holds a model trained with
+  `config`, or None."""
+  for d in [run_dir] + siblings(run_dir):
+    if has_trained_state(d) and mismatch(d, config) is None:
+      return d
+  return None
+
+
 def resolve(run_dir: str, config: ml_collections.ConfigDict) -> str:
-  """The directory `config`'s run lives in: `run_dir` if it is free or holds
-  this config's run, else a sibling `run_dir-N` that holds it; else, with
-  `study.on_mismatch='retrain'`, the next free sibling; else `RunMismatch`."""
+  """The directory `config`'s run lives in: the one of `run_dir` and its
+  siblings `run_dir-N` that holds this config's model, else `run_dir` if
+  nothing is trained in it; else, with `study.on_mismatch='retrain'`, the
+  next free sibling; else `RunMismatch`."""
+  found = find_trained(run_dir, config)
+  if found:
+    return found
   problem = mismatch(run_dir, config)
   if problem is None:
     return run_dir
-  siblings_ = siblings(run_dir)
-  for d in siblings_:
-    if has_trained_state(d) and mismatch(d, config) is None:
-      return d
   if on_mismatch(config) == 'retrain':
-    free = [d for d in siblings_ if not has_trained_state(d)]
-    return free[0] if free else f'{run_dir}-{len(siblings_) + 2}'
+    existing = siblings(run_dir)
+    free = [d for d in existing if not has_trained_state(d)]
+    last = max((int(d.rsplit('-', 1)[1]) for d in existing), default=1)
+    return free[0] if free else f'{run_dir}-{last + 1}'
   raise RunMismatch(problem)
 
 
