@@ -20,6 +20,7 @@ from attention_jax.positional.learned_window import LearnedWindow
 from attention_jax.positional.rope import RoPE
 from attention_jax.positional.sinusoidal import Sinusoidal
 from attention_jax.positional.t5 import T5RelativeBias
+from attention_jax.positional.windowed_rope import WindowedRoPE
 
 ENCODINGS = {
     'none': NoPE,
@@ -31,6 +32,7 @@ ENCODINGS = {
     'kerple': KERPLE,
     'hard_alibi': HardALiBi,  # Jelassi et al. 2024: windowed heads + NoPE heads
     'learned_window': LearnedWindow,  # ours: Hard-ALiBi with trained soft widths
+    'windowed_rope': WindowedRoPE,  # ours: RoPE + a symmetric id window (for coupling)
 }
 
 
