@@ -159,6 +159,12 @@ class CausalityIsOnePropertyTest(chex.TestCase, parameterized.TestCase):
       aj.MultiHeadAttention(16, 2, encoding=enc, rngs=nnx.Rngs(0))
     aj.MultiHeadAttention(16, 2, encoding=enc, causal=False, rngs=nnx.Rngs(0))  # agrees
 
+  def test_a_bidirectional_module_does_not_decode(self):
+    mha = aj.MultiHeadAttention(16, 2, causal=False, rngs=nnx.Rngs(0))
+    with self.assertRaisesRegex(ValueError, 'extend .* is causal attention, but this module '
+                                'has causal=False'):
+      mha.extend(jnp.ones((1, 2, 16)), mha.init_cache(1, 4), 0)
+
   def test_causal_cross_attention_is_an_error(self):
     mha = aj.MultiHeadAttention(16, 2, rngs=nnx.Rngs(0))
     with self.assertRaisesRegex(ValueError, 'build cross-attention with causal=False'):

@@ -218,6 +218,9 @@ class MultiHeadAttention(nnx.Module):
 
   def _extend(self, x, cache, start, *, positions=None):
     """`extend` without the slot check, for callers that guarantee the range."""
+    if not self.causal:
+      raise ValueError('extend (cached decoding) is causal attention, but this module '
+                       'has causal=False.')
     (b, s_len, _), t_max = x.shape, cache['key'].shape[1]
     slots = start + jnp.arange(s_len, dtype=jnp.int32)
     if positions is None:
