@@ -82,8 +82,10 @@ def _draw(c, model, workdir, task, train_max, long, num_examples, log) -> np.nda
   label = run_label(c)
   max_position = (models.randomized_max_position(c)
                   if c.positions.randomized_eval == 'random' else 0)
-  batches = {n: evaluate.copy_examples(task, n, num_examples, vocab_size=c.task.vocab_size,
-                                       seed=c.eval.seed, max_position=max_position)
+  run_task = models.configured_task(c)  # coupled position ids, if the run uses them
+  batches = {n: evaluate.copy_examples(run_task, n, num_examples, vocab_size=c.task.vocab_size,
+                                       seed=c.eval.seed, max_position=max_position,
+                                       draw=c.positions.draw)
              for n in (train_max, long)}
   panels, tokens = [], []
   for n, batch in batches.items():

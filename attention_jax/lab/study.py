@@ -31,6 +31,7 @@ from attention_jax.positional import RopeScaling
 from attention_jax.lab.plots import plot_extrapolation
 from attention_jax.lab.train import make_optimizer
 from attention_jax.lab.train import train
+from attention_jax.lab.train import train_seeds
 from attention_jax.lab.train.interrupt import raise_if_stopped
 from attention_jax.lab.train.interrupt import stage
 from attention_jax.lab.train.interrupt import stop_requests
@@ -83,10 +84,22 @@ def run_one(config: ml_collections.ConfigDict, workdir: str,
     run_dir = identity.resolve(workdir, config)
     if run_dir != workdir and log:
       log(f'{workdir} holds a run of another config; training into {run_dir}')
-    start = time.perf_counter()
-    model, last = train(config, run_dir, progress=config.progress,
-                        tx=tx or shared_optimizer(config.train))
-    train_seconds = time.perf_counter() - start
+    return _train_and_evaluate([config], [run_dir], tx, on_trained, log, vmapped=False)[0]
+
+
+def _train_and_evaluate(configs, run_dirs, tx, on_trained, log, *, vmapped) -> list[list[dict]]:
+  """Trains the runs (the seeds of one setup in one program when `vmapped`),
+  then evaluates and writes each; returns each run's rows."""
+  tx = tx or shared_optimizer(configs[0].train)
+  start = time.perf_counter()
+  if vmapped:
+    trained = train_seeds(configs, run_dirs, progress=configs[0].progress, tx=tx)
+  else:
+    trained = [train(c, d, progress=c.progress, tx=tx) for c, d in zip(configs, run_dirs)]
+  # Per run: its share of a program that trained them all at once.
+  train_seconds = (time.perf_counter() - start) / len(configs)
+  out = []
+  for config, run_dir, (model, last) in zip(configs, run_dirs, trained):
     if on_trained:
       on_trained(model, config, run_dir)
     raise_if_stopped(f'after training {run_dir} (final checkpoint saved; its evaluation '
@@ -96,50 +109,57 @@ def run_one(config: ml_collections.ConfigDict, workdir: str,
     start = time.perf_counter()
     with stage(f'during the evaluation of {run_dir} (training finished, final checkpoint '
                'saved)'):
-      rows = _evaluate(model, config)
+      rows, timings = _evaluate(model, config)
     eval_seconds = time.perf_counter() - start
-    info = dict(train_seconds=train_seconds, final_train_metrics=last)
+    info = dict(train_seconds=train_seconds, trained_with_seeds=len(configs) if vmapped else 1,
+                final_train_metrics=last)
     if not last:  # nothing trained this time: keep what the training run recorded
       info.update(_read_json(os.path.join(run_dir, 'run.json'), info))
-    info.update(eval_seconds=eval_seconds, config=config.to_dict(),
+    info.update(eval_seconds=eval_seconds, eval_breakdown=timings, config=config.to_dict(),
                 evaluation=identity.evaluation_fields(config))
     # results.csv first: a stop in between leaves an old run.json, which
     # means "evaluate again", never stale results taken as current.
     results.write_rows(os.path.join(run_dir, 'results.csv'), rows)
     results.write_text(os.path.join(run_dir, 'run.json'),
                        json.dumps(info, indent=1, default=str))
-  return rows
+    out.append(rows)
+  return out
 
 
 def _read_json(path: str, default: dict) -> dict:
   try:
     with open(path) as f:
       old = json.load(f)
-    return {k: old[k] for k in ('train_seconds', 'final_train_metrics') if k in old}
+    return {k: old[k] for k in ('train_seconds', 'trained_with_seeds', 'final_train_metrics')
+            if k in old}
   except (OSError, ValueError):
     return default
 
 
 def _evaluate(model, config: ml_collections.ConfigDict) -> list[dict]:
-  """Result rows of `model` for every evaluation variant and length."""
+  """Result rows of `model` for every evaluation variant and length, and the
+  seconds each variant took (generation scoring is part of the first)."""
   is_transformer = config.model.kind == 'transformer'
   max_position = (models.randomized_max_position(config)
                   if config.positions.randomized_eval == 'random' else 0)
-  rows, digest = [], config_hash(config)
+  rows, digest, timings = [], config_hash(config), {}
   for label, scaling in evaluation_variants(config):
+    start = time.perf_counter()
+    # Generation checks the model's cached decoding path, which RoPE
+    # scaling does not change: once per model is enough.
+    generate = config.eval.generate and is_transformer and scaling is None
     with rope_scaled(model, scaling):
       per_length = evaluate_lengths(
-          model, tasks.get_task(config.task.name), eval_lengths(config),
+          model, models.configured_task(config), eval_lengths(config),
           train_max=config.task.train_max_length, num_samples=config.eval.num_samples,
           vocab_size=config.task.vocab_size, eval_seed=config.eval.seed,
           batch_size=config.eval.batch_size, max_position=max_position,
-          # Generation checks the model's cached decoding path, which RoPE
-          # scaling does not change: once per model is enough.
-          generate=config.eval.generate and is_transformer and scaling is None)
+          draw=config.positions.draw, generate=generate)
+    timings[label + (' (with generation)' if generate else '')] = time.perf_counter() - start
     rows += [dict(task=config.task.name, encoding=label, seed=config.train.seed,
                   config_hash=digest, version=attention_jax.__version__, **r)
              for r in per_length]
-  return rows
+  return rows, timings
 
 
 def config_hash(config: ml_collections.ConfigDict) -> str:
@@ -223,33 +243,62 @@ def run_study(config: ml_collections.ConfigDict, workdir: str,
     os.makedirs(workdir, exist_ok=True)
     rows, start = [], time.perf_counter()
     tx = shared_optimizer(config.train)  # one object: runs share compilations
-    for i, (c, run_dir) in enumerate(zip(runs, dirs), 1):
-      name = f'{c.task.name} {run_label(c)} seed {c.train.seed}'
-      raise_if_stopped(f'before {name} (runs before it are finished)')
-      done = identity.evaluated_rows(run_dir, c)
-      if done is not None:
+    numbered = list(enumerate(zip(runs, dirs), 1))
+    for group in _setups(numbered):
+      todo = []
+      for i, (c, run_dir) in group:
+        name = f'{c.task.name} {run_label(c)} seed {c.train.seed}'
+        raise_if_stopped(f'before {name} (runs before it are finished)')
+        done = identity.evaluated_rows(run_dir, c)
+        if done is None:
+          todo.append((i, c, run_dir))
+          continue
         rows += done
         log(f'[{i}/{len(runs)}] {name}: finished earlier, reused')
+      if not todo:
         continue
-      prefix = f'[{i}/{len(runs)}]'
-      run_rows = run_one(c, run_dir, tx, on_trained, log=lambda m, p=prefix: log(f'{p} {m}'))
-      rows += run_rows
-      with open(os.path.join(run_dir, 'run.json')) as f:
-        info = json.load(f)
-      own = [r for r in run_rows if r['encoding'] == run_label(c)]  # not rope+…
-      in_range = [r['token_accuracy'] for r in own
-                  if r['length'] <= config.task.train_max_length]
-      where = '' if run_dir == run_directory(workdir, c) else f' ({run_dir})'
-      log(f'{prefix} {name}{where}: '
-          f"train {info['train_seconds']:.0f}s, eval {info['eval_seconds']:.0f}s, "
-          f'token accuracy in training range {100 * sum(in_range) / len(in_range):.1f}%, '
-          f"at {own[-1]['length']}: {100 * own[-1]['token_accuracy']:.1f}% "
-          f'({time.perf_counter() - start:.0f}s so far)')
+      first = f'[{todo[0][0]}/{len(runs)}]'
+      vmapped = config.study.vmap_seeds and len(todo) > 1
+      if vmapped:
+        log(f'{first} training seeds {[c.train.seed for _, c, _ in todo]} of '
+            f'{todo[0][1].task.name} {run_label(todo[0][1])} in one program')
+      group_rows = _train_and_evaluate(
+          [c for _, c, _ in todo], [d for _, _, d in todo], tx, on_trained,
+          lambda m, p=first: log(f'{p} {m}'), vmapped=vmapped)
+      for (i, c, run_dir), run_rows in zip(todo, group_rows):
+        rows += run_rows
+        _log_run(log, f'[{i}/{len(runs)}]', c, run_dir, run_rows, workdir, start)
     extra, coverage = _other_runs(workdir, config, dirs)
     rows += extra
     with stage('while writing the study outputs'):
       write_study_outputs(rows, workdir, config, coverage)
   return rows
+
+
+def _setups(numbered):
+  """Consecutive runs that differ only in their seed (run_configs' order)."""
+  groups = []
+  for item in numbered:
+    _, (c, _) = item
+    key = (c.task.name, c.model.kind, c.model.encoding)
+    if groups and groups[-1][0] == key:
+      groups[-1][1].append(item)
+    else:
+      groups.append((key, [item]))
+  return [items for _, items in groups]
+
+
+def _log_run(log, prefix, c, run_dir, run_rows, workdir, start) -> None:
+  with open(os.path.join(run_dir, 'run.json')) as f:
+    info = json.load(f)
+  own = [r for r in run_rows if r['encoding'] == run_label(c)]  # not rope+…
+  in_range = [r['token_accuracy'] for r in own if r['length'] <= c.task.train_max_length]
+  where = '' if run_dir == run_directory(workdir, c) else f' ({run_dir})'
+  log(f'{prefix} {c.task.name} {run_label(c)} seed {c.train.seed}{where}: '
+      f"train {info['train_seconds']:.0f}s, eval {info['eval_seconds']:.0f}s, "
+      f'token accuracy in training range {100 * sum(in_range) / len(in_range):.1f}%, '
+      f"at {own[-1]['length']}: {100 * own[-1]['token_accuracy']:.1f}% "
+      f'({time.perf_counter() - start:.0f}s so far)')
 
 
 def _other_runs(workdir: str, config: ml_collections.ConfigDict, dirs: list[str]):

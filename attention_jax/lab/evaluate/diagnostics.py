@@ -17,14 +17,15 @@ from attention_jax.lab import tasks
 
 
 def copy_examples(task: tasks.Task, length: int, num: int, *, vocab_size: int, seed: int,
-                  max_position: int = 0) -> dict[str, jax.Array]:
+                  max_position: int = 0, draw: str = 'per_example') -> dict[str, jax.Array]:
   """`num` examples of input length `length`, unpadded (decoder-only layout),
-  with randomized positions from [0, max_position) when `max_position` > 0."""
+  with randomized positions from [0, max_position) when `max_position` > 0,
+  drawn `draw`-wise ('per_example' | 'per_batch')."""
   key = jax.random.fold_in(jax.random.key(seed), length)
   batch = tasks.make_batch(task, key, jnp.full((num,), length, jnp.int32),
                            vocab_size=vocab_size, max_input_length=length)
   if max_position:
-    batch = tasks.with_random_positions(batch, jax.random.fold_in(key, 2), max_position)
+    batch = tasks.with_random_positions(batch, jax.random.fold_in(key, 2), max_position, draw)
   return batch
 
 

@@ -62,10 +62,11 @@ def buckets(lengths: Sequence[int], train_max: int) -> dict[int, list[int]]:
 
 
 @functools.partial(jax.jit, static_argnames=(
-    'graphdef', 'task', 'bucket', 'num_samples', 'vocab_size', 'max_position',
+    'graphdef', 'task', 'bucket', 'num_samples', 'vocab_size', 'max_position', 'draw',
     'generate'))
 def _evaluate_batch(state, key, n, *, graphdef, task: tasks.Task, bucket: int,
                     num_samples: int, vocab_size: int, max_position: int = 0,
+                    draw: str = 'per_example',
                     generate: bool = False) -> dict[str, jax.Array]:
   """Metrics on `num_samples` sequences of input length `n` (traced) padded
   to `bucket`: one compilation per bucket, shared by models of one shape.
@@ -77,7 +78,7 @@ def _evaluate_batch(state, key, n, *, graphdef, task: tasks.Task, bucket: int,
   batch = tasks.LAYOUTS[models.batch_layout(model)](
       task, key, lengths, vocab_size=vocab_size, max_input_length=bucket)
   if max_position:
-    batch = tasks.with_random_positions(batch, jax.random.fold_in(key, 2), max_position)
+    batch = tasks.with_random_positions(batch, jax.random.fold_in(key, 2), max_position, draw)
   predictions = models.predict_batch(model, batch)
   metrics = prediction_metrics(predictions, batch)
   if generate:
@@ -93,7 +94,8 @@ def _evaluate_batch(state, key, n, *, graphdef, task: tasks.Task, bucket: int,
 def evaluate_lengths(model: nnx.Module, task: tasks.Task, lengths: Iterable[int], *,
                      train_max: int, num_samples: int, vocab_size: int,
                      eval_seed: int = 12345, batch_size: int = 256,
-                     max_position: int = 0, generate: bool = False) -> list[dict]:
+                     max_position: int = 0, draw: str = 'per_example',
+                     generate: bool = False) -> list[dict]:
   """Per length: `{'length', 'token_accuracy', 'exact_match'}` over
   `num_samples` sequences (evaluated `batch_size` at a time), plus
   `generated_exact_match` and `generation_agreement` with `generate`.
@@ -105,7 +107,7 @@ def evaluate_lengths(model: nnx.Module, task: tasks.Task, lengths: Iterable[int]
   for bucket, bucket_lengths in buckets(sorted(lengths), train_max).items():
     eval_fn = functools.partial(_evaluate_batch, graphdef=graphdef, task=task,
                                 bucket=bucket, num_samples=batch_size,
-                                vocab_size=vocab_size, max_position=max_position,
+                                vocab_size=vocab_size, max_position=max_position, draw=draw,
                                 generate=generate)
     for n in bucket_lengths:
       raise_if_stopped()  # a stop request during evaluation, between lengths

@@ -1,8 +1,10 @@
 """The training loop: build, restore, compile once, step, log, checkpoint.
 
+One run (`train`) or all seeds of one setup in one program (`train_seeds`).
 Data parallel over every local device with one code path: a 1-D mesh named
 'data', the state replicated, each batch sharded along its first axis (one
-device is the same code with a mesh of one).
+device is the same code with a mesh of one); for stacked seeds, the seed
+axis is laid along the mesh instead when there are enough seeds.
 """
 
 import os
@@ -21,7 +23,6 @@ from jax.sharding import PartitionSpec as P
 
 from attention_jax.lab import identity
 from attention_jax.lab import models
-from attention_jax.lab import tasks
 from attention_jax.lab.train.checkpoint import Checkpointer
 from attention_jax.lab.train.interrupt import TrainingInterrupted
 from attention_jax.lab.train.interrupt import raise_if_stopped
@@ -68,84 +69,151 @@ def train(config: ml_collections.ConfigDict, workdir: Optional[str] = None,
     raise_if_stopped(f'before training {workdir or "a model"}')
     if workdir:
       identity.claim(workdir, config)  # before anything is built: a mismatch is one message
-    return _train(config, workdir, progress=progress, tx=tx)
+    return _train([config], [workdir], progress=progress, tx=tx)[0]
 
 
-def _train(config, workdir, *, progress, tx):
-  t_cfg = config.train
-  task = tasks.get_task(config.task.name)
-  model = models.build_model(config, t_cfg.seed)
-  optimizer = nnx.Optimizer(model, tx or make_optimizer(t_cfg), wrt=nnx.Param)
-  graphdef, state = nnx.split((model, optimizer))
+def train_seeds(configs: list[ml_collections.ConfigDict], workdirs: list[Optional[str]],
+                *, progress: bool = True, tx: Optional[optax.GradientTransformation] = None,
+                ) -> list[tuple[nnx.Module, dict[str, float]]]:
+  """Trains the seeds of one setup (`configs` equal but for `train.seed`) in
+  ONE compiled program: their (model, optimizer) states stacked on a leading
+  seed axis, one step `jax.vmap`-ed over it (`step_function(vmap_seeds=True)`),
+  each seed with its own parameter init and its own `(seed, step)` data
+  stream, so each equals its sequential run to float tolerance. Each seed
+  keeps its own run directory (config.json, metrics.jsonl, checkpoints) as
+  `train` writes it, and a stop saves every seed. Returns `(model, last
+  metrics)` per seed.
+
+  Seeds whose checkpoints stand at different steps (a sequential run stopped
+  half-way) are trained one after another by `train` instead.
+
+  Devices: with at least as many seeds as devices (and a multiple of them),
+  the seed axis is the mesh axis (seeds spread over devices, each seed's
+  batch on one); else the state is replicated and each batch split over the
+  devices, as `train` does.
+  """
+  with stop_requests():
+    raise_if_stopped(f'before training {workdirs[0] or "a model"}')
+    for config, workdir in zip(configs, workdirs):
+      if workdir:
+        identity.claim(workdir, config)
+    starts = {_latest_step(w) for w in workdirs}
+    if len(configs) == 1 or len(starts) > 1:
+      return [train(c, w, progress=progress, tx=tx) for c, w in zip(configs, workdirs)]
+    return _train(configs, workdirs, progress=progress, tx=tx, vmapped=True)
+
+
+def _latest_step(workdir: Optional[str]) -> int:
+  """Newest checkpoint step in `workdir` by folder name (0 if none); the
+  restore itself decides what is readable."""
+  directory = os.path.join(workdir, 'checkpoints') if workdir else ''
+  if not os.path.isdir(directory):
+    return 0
+  return max((int(n) for n in os.listdir(directory) if n.isdigit()), default=0)
+
+
+def _train(configs, workdirs, *, progress, tx, vmapped=False):
+  """The loop over one run (`vmapped=False`, one config) or a stacked group
+  of seeds; see `train` and `train_seeds`."""
+  config, t_cfg = configs[0], configs[0].train
+  task = models.configured_task(config)
+  tx = tx or make_optimizer(t_cfg)
+  built = [models.build_model(c, c.train.seed) for c in configs]
+  splits = [nnx.split((m, nnx.Optimizer(m, tx, wrt=nnx.Param))) for m in built]
+  graphdef, layout = splits[0][0], models.batch_layout(built[0])
+  num_seeds, devices = len(configs), jax.device_count()
   mesh = data_mesh()
-  state = jax.device_put(state, NamedSharding(mesh, P()))  # replicated
-  seed = jnp.int32(t_cfg.seed)
+  seed_axis = vmapped and num_seeds >= devices and num_seeds % devices == 0
+  data_sharding = None if seed_axis else NamedSharding(mesh, P('data'))
   jitted = step_function(
       graphdef=graphdef, task=task,
       batch_size=t_cfg.batch_size, min_length=config.task.train_min_length,
       max_length=config.task.train_max_length, vocab_size=config.task.vocab_size,
-      layout=models.batch_layout(model), data_sharding=NamedSharding(mesh, P('data')),
-      max_position=models.randomized_max_position(config), steps_per_call=t_cfg.steps_per_call)
-  step_fn = lambda state, step: jitted(state, step, seed)
+      layout=layout, data_sharding=data_sharding,
+      max_position=models.randomized_max_position(config), draw=config.positions.draw,
+      steps_per_call=t_cfg.steps_per_call, vmap_seeds=vmapped)
   k = t_cfg.steps_per_call  # steps per call; validated to divide every interval
   schedule = learning_rate_schedule(t_cfg)
 
-  checkpointer = None
-  start = 0
-  if workdir:
-    os.makedirs(workdir, exist_ok=True)
-    checkpointer = Checkpointer(os.path.join(workdir, 'checkpoints'),
-                                every=t_cfg.checkpoint_every or t_cfg.num_steps,
-                                keep=t_cfg.checkpoint_keep)
-    state, start = checkpointer.restore_latest(state)
-  writer = MetricsWriter(workdir, start_step=start, tensorboard=t_cfg.tensorboard,
-                         config_json=config.to_json_best_effort(indent=1, sort_keys=True))
+  checkpointers = [None] * num_seeds
+  states, start = [s for _, s in splits], 0
+  for i, workdir in enumerate(workdirs):
+    if workdir:
+      os.makedirs(workdir, exist_ok=True)
+      checkpointers[i] = Checkpointer(os.path.join(workdir, 'checkpoints'),
+                                      every=t_cfg.checkpoint_every or t_cfg.num_steps,
+                                      keep=t_cfg.checkpoint_keep)
+      states[i], start = checkpointers[i].restore_latest(states[i])
+  if vmapped:
+    seed = jnp.asarray([c.train.seed for c in configs], jnp.int32)
+    state = jax.tree.map(lambda *xs: jnp.stack(xs), *states)
+    state = jax.device_put(state, NamedSharding(mesh, P('data' if seed_axis else None)))
+    per_seed = lambda tree, i: jax.tree.map(lambda x: x[i], tree)
+  else:
+    seed = jnp.int32(t_cfg.seed)
+    state = jax.device_put(states[0], NamedSharding(mesh, P()))  # replicated
+    per_seed = lambda tree, i: tree
+  del states, splits, built
+  writers = [MetricsWriter(w, start_step=start, tensorboard=t_cfg.tensorboard,
+                           config_json=c.to_json_best_effort(indent=1, sort_keys=True))
+             for c, w in zip(configs, workdirs)]
   bar = tqdm.tqdm(total=t_cfg.num_steps, initial=start, unit='step', dynamic_ncols=True,
                   leave=False, disable=not progress or jax.process_index() != 0)
-  pending, last, clock = [], {}, (time.perf_counter(), start)
+  pending, last, clock = [], [{}] * num_seeds, (time.perf_counter(), start)
+
+  def save(done, force=False):
+    """Every seed's state after `done` steps to its own run directory."""
+    if not any(checkpointers):
+      return
+    host = jax.device_get(state) if vmapped else state
+    for i, (ckpt, writer) in enumerate(zip(checkpointers, writers)):
+      if ckpt:
+        writer.flush()
+        (ckpt.close(per_seed(host, i), done) if force else ckpt.maybe_save(done, per_seed(host, i)))
+
   try:
     with stop_requests() as stop:
       for step in range(start, t_cfg.num_steps, k):
-        state, metrics = step_fn(state, np.int32(step))  # metrics: [k] per key
+        state, metrics = jitted(state, np.int32(step), seed)  # [k] or [k, S] per key
         pending.append(metrics)
         done = step + k
         stopping = stop.signal or done == t_cfg.stop_after
         if len(pending) * k >= t_cfg.log_every or done == t_cfg.num_steps or stopping:
           rate = (done - clock[1]) / (time.perf_counter() - clock[0])
-          rows = [{key: v[i] for key, v in m.items()}
-                  for m in jax.device_get(pending) for i in range(k)]
-          for i, m in enumerate(rows):
-            s = done - len(rows) + i
-            last = {key: float(v) for key, v in m.items()}
-            last.update(step=s, learning_rate=float(schedule(s)), steps_per_second=rate)
-            writer.write(last)
-          bar.update(len(rows))
-          bar.set_postfix(loss=f"{last['loss']:.3f}", acc=f"{last['token_accuracy']:.3f}",
-                          steps_s=f'{rate:.0f}')
+          fetched = jax.device_get(pending)
+          for i, writer in enumerate(writers):
+            rows = [{key: v[j][i] if vmapped else v[j] for key, v in m.items()}
+                    for m in fetched for j in range(k)]
+            for r, m in enumerate(rows):
+              s = done - len(rows) + r
+              last[i] = {key: float(v) for key, v in m.items()}
+              last[i].update(step=s, learning_rate=float(schedule(s)), steps_per_second=rate)
+              writer.write(last[i])
+          bar.update(len(fetched) * k)
+          bar.set_postfix(loss=f"{last[0]['loss']:.3f}",
+                          acc=f"{last[0]['token_accuracy']:.3f}", steps_s=f'{rate:.0f}')
           pending = []
-        if checkpointer:
-          writer.flush()
-          checkpointer.maybe_save(done, state)
+        save(done)
         if stopping:
-          if checkpointer:
-            checkpointer.close(state, done)
-            checkpointer = None
+          save(done, force=True)
+          checkpointers = [None] * num_seeds
           cause = f'signal {stop.signal}' if stop.signal else 'train.stop_after'
-          saved = (f'checkpoint saved in {workdir}; run the same command again to '
-                   'resume.' if workdir else 'no workdir: nothing saved.')
+          where = ', '.join(w for w in workdirs if w)
+          saved = (f'checkpoint saved in {where}; run the same command again to '
+                   'resume.' if where else 'no workdir: nothing saved.')
           raise TrainingInterrupted(
               f'stopped by {cause} after step {done} of {t_cfg.num_steps}; {saved}',
               stop.signal)
-    if checkpointer:  # finished: the final state, saved once
-      checkpointer.close(state, t_cfg.num_steps)
-      checkpointer = None
+    save(t_cfg.num_steps, force=True)  # finished: the final state, saved once
+    checkpointers = [None] * num_seeds
   finally:
     bar.close()
-    writer.close()
-    if checkpointer:  # an error: wait for saves in flight, add none
-      checkpointer.close()
-  model, _ = nnx.merge(graphdef, state)
-  return model, last
+    for writer in writers:
+      writer.close()
+    for ckpt in checkpointers:  # an error: wait for saves in flight, add none
+      if ckpt:
+        ckpt.close()
+  return [(nnx.merge(graphdef, per_seed(state, i))[0], last[i]) for i in range(num_seeds)]
 
 
 def load_trained(config: ml_collections.ConfigDict, workdir: str,
