@@ -95,6 +95,9 @@ def get_config(arg=None):
   c.model.num_kv_heads = 0  # key/value heads (grouped-query; 1 = multi-query); 0 = num_heads
   c.model.sliding_window = 0  # attend to this many latest tokens only (local attention); 0 = all
   c.model.attention_implementation = 'auto'  # dense | chunked | cudnn | auto (chunked for long evals)
+  # Scalable softmax (Nakanishi 2025): logits × s_h·log(n), n = keys a query sees,
+  # s_h learned per head starting here; 0 = plain softmax. Any encoding.
+  c.model.scalable_softmax = 0.0
   c.model.rnn_hidden_dim = 128  # seq2seq only: GRU state width
   c.model.bidirectional = False  # seq2seq only: forward + backward GRU encoder
   c.model.attention_score = 'additive'  # seq2seq_attention only: additive (Bahdanau) | dot (Luong)

@@ -112,6 +112,7 @@ def build_model(config: ml_collections.ConfigDict, seed: int) -> nnx.Module:
       max_positions=model_max_positions(config),
       num_kv_heads=m.num_kv_heads or None, sliding_window=m.sliding_window or None,
       implementation=m.attention_implementation,
+      scalable_softmax=m.scalable_softmax or None,
       encoding_options=encoding_options(config), rngs=nnx.Rngs(params=seed))
 
 

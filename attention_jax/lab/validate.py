@@ -178,6 +178,9 @@ def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -
            f'model.num_kv_heads={m.num_kv_heads} must divide model.num_heads={m.num_heads} '
            '(or be 0 = num_heads).')
   _require(m.sliding_window >= 0, f'model.sliding_window={m.sliding_window} must be >= 0 (0 = off).')
+  _require(m.get('scalable_softmax', 0) >= 0,
+           f'model.scalable_softmax={m.get("scalable_softmax")} must be >= 0 (0 = off, else the '
+           'initial s of s·log(n)).')
   _check_names(config.eval.rope_scalings, SCALINGS, 'eval.rope_scalings')
   _require(ev.rope_scale_factor >= 0,
            f'eval.rope_scale_factor={ev.rope_scale_factor} must be > 0 (or 0 = auto).')

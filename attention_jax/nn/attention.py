@@ -26,6 +26,8 @@ from flax import nnx
 
 from attention_jax.attention import check_options
 from attention_jax.attention import scaled_dot_product_attention
+from attention_jax.attention.scalable import scalable_softmax_queries
+from attention_jax.attention.scalable import visible_keys
 from attention_jax.positional import ENCODINGS
 from attention_jax.positional import NoPE
 from attention_jax.positional import PositionalEncoding
@@ -98,6 +100,10 @@ class MultiHeadAttention(nnx.Module):
     chunk_size: query and key block size of the chunked kernel (default:
       `chunked_attention`'s, per strategy).
     chunked_strategy: 'scan' | 'unrolled' | 'auto' (`chunked_attention`).
+    scalable_softmax: None (off), or the initial value of a learned per-head
+      s_h: each query's logits are multiplied by s_h · log(n), n the number of
+      keys it may see (scalable softmax, `attention.scalable`). Combines with
+      any encoding and kernel.
     rngs: `nnx.Rngs` for the parameters.
   """
 
@@ -108,6 +114,7 @@ class MultiHeadAttention(nnx.Module):
                use_bias: bool = False, dtype=None, param_dtype=jnp.float32,
                implementation: str = 'auto', chunk_size: Optional[int] = None,
                chunked_strategy: str = 'auto',
+               scalable_softmax: Optional[float] = None,
                rngs: nnx.Rngs):
     if num_heads < 1 or d_model % num_heads:
       raise ValueError(
@@ -134,6 +141,11 @@ class MultiHeadAttention(nnx.Module):
     self.positional = resolve_encoding(
         encoding, d_model=d_model, num_heads=num_heads, max_positions=max_positions,
         causal=self.causal, rngs=rngs, owner='MultiHeadAttention')
+    if scalable_softmax is not None and not scalable_softmax > 0:
+      raise ValueError(f'scalable_softmax={scalable_softmax!r}: the initial s must be > 0 '
+                       '(or None for plain softmax).')
+    self.ssmax_scale = (None if scalable_softmax is None else
+                        nnx.Param(jnp.full((num_heads,), scalable_softmax, jnp.float32)))
 
   def __call__(self, x: jnp.ndarray, context: Optional[jnp.ndarray] = None, *,
                mask: Optional[jnp.ndarray] = None,
@@ -177,6 +189,10 @@ class MultiHeadAttention(nnx.Module):
                            else np.arange(context.shape[1], dtype=np.int32))
     q, k, v = self.W_Q(x), self.W_K(context), self.W_V(context)
     q, k = self.positional.rotate_queries_keys(q, k, positions, context_positions)
+    if self.ssmax_scale is not None:
+      n = visible_keys(np.arange(x.shape[1]), context.shape[1], causal=self.causal,
+                       window=self.sliding_window, kv_lengths=kv_lengths)
+      q = scalable_softmax_queries(q, self.ssmax_scale[...], n)
     result = scaled_dot_product_attention(
         q, k, v, mask=mask, bias=bias,
         score_bias=self.positional.score_bias(positions, context_positions),
@@ -228,6 +244,9 @@ class MultiHeadAttention(nnx.Module):
     positions = jnp.broadcast_to(jnp.asarray(positions, jnp.int32), (b, s_len))
     q, k, v = self.W_Q(x), self.W_K(x), self.W_V(x)
     q, k = self.positional.rotate_queries_keys(q, k, positions, positions)
+    if self.ssmax_scale is not None:  # slot i sees slots 0 … i (and the window)
+      n = visible_keys(slots, t_max, causal=True, window=self.sliding_window)
+      q = scalable_softmax_queries(q, self.ssmax_scale[...], n)
     write = lambda buf, new: jax.lax.dynamic_update_slice_in_dim(
         buf, new.astype(buf.dtype), start, axis=1)
     cache = dict(key=write(cache['key'], k), value=write(cache['value'], v),

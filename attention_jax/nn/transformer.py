@@ -65,9 +65,10 @@ class TransformerLM(nnx.Module):
     max_positions: positions the model must handle; sizes a learned table (its
       rows past the training lengths are never trained — which is what a
       length-extrapolation study measures).
-    num_kv_heads, sliding_window, implementation: see `MultiHeadAttention`
-      (GQA/MQA, local attention, dense/chunked/cudnn/auto: with 'auto', long
-      evaluations run blockwise in O(T) memory).
+    num_kv_heads, sliding_window, implementation, scalable_softmax: see
+      `MultiHeadAttention` (GQA/MQA, local attention, dense/chunked/cudnn/auto:
+      with 'auto', long evaluations run blockwise in O(T) memory; s·log(n)
+      logit scaling).
     rngs: `nnx.Rngs` for the parameters.
   """
 
@@ -75,7 +76,8 @@ class TransformerLM(nnx.Module):
                num_layers: int, mlp_dim: int, encoding: str = 'none',
                max_positions: Optional[int] = None, num_kv_heads: Optional[int] = None,
                sliding_window: Optional[int] = None, implementation: str = 'auto',
-               encoding_options: Optional[dict] = None, rngs: nnx.Rngs):
+               encoding_options: Optional[dict] = None,
+               scalable_softmax: Optional[float] = None, rngs: nnx.Rngs):
     self.embed = nnx.Embed(vocab_size, d_model,
                            embedding_init=nnx.initializers.normal(1.0), rngs=rngs)
     self.positional = make_encoding(encoding, d_model=d_model, num_heads=num_heads,
@@ -86,7 +88,7 @@ class TransformerLM(nnx.Module):
     self.blocks = nnx.List([
         Block(d_model, num_heads, mlp_dim, in_attention, rngs=rngs,
               num_kv_heads=num_kv_heads, sliding_window=sliding_window,
-              implementation=implementation)
+              implementation=implementation, scalable_softmax=scalable_softmax)
         for _ in range(num_layers)])
     self.final_norm = nnx.LayerNorm(d_model, rngs=rngs)
     self.unembed = nnx.Linear(d_model, vocab_size, rngs=rngs)
