@@ -245,5 +245,134 @@ class PackingTest(parameterized.TestCase):
     np.testing.assert_array_equal(got, [[1, 2, 3, 4, 5, 6, -1, -1, -1]])
 
 
+
+def _windowed_rope_reference(windows, num_heads, q_pos, k_pos, sink):
+  """The bias by loops, positions `[T]`: windowed head h opens keys with
+  |p_i − p_j| <= w_h (and id 0 with `sink`), other heads are open."""
+  bias = np.zeros((num_heads, len(q_pos), len(k_pos)), np.float32)
+  for h, w in enumerate(windows):
+    for i, p in enumerate(q_pos):
+      for j, r in enumerate(k_pos):
+        if not (abs(p - r) <= w or (sink and r == 0)):
+          bias[h, i, j] = aj.MASK_VALUE
+  return bias
+
+
+WINDOWED = (dict(window=2), dict(window=1, sink=True), dict(windows=(1, 3), sink=True))
+COUPLED_POSITIONS = [0, 2, 3, 4, 1, 2, 3, 4, 0, 0, 0, 0]  # BOS x1 x2 x3 SEP y1 y2 y3 EOS PAD…
+
+
+class WindowedRoPETest(chex.TestCase, parameterized.TestCase):
+
+  @parameterized.parameters(((2,) * 4, 4, False), ((1, 3), 4, True), ((0,), 2, False),
+                            ((1,) * 8, 8, True))
+  def test_bias_matches_the_reference(self, windows, num_heads, sink):
+    enc = aj.make_encoding('windowed_rope', d_model=8 * num_heads, num_heads=num_heads,
+                           windows=windows, sink=sink)
+    pos = np.array(COUPLED_POSITIONS[:9] + [7, 12, 30])
+    got = np.asarray(enc.attention_bias(pos, pos))
+    self.assertEqual(got.dtype, np.float32)
+    self.assertTrue(np.all(np.isfinite(got)))
+    np.testing.assert_array_equal(got, _windowed_rope_reference(windows, num_heads, pos, pos,
+                                                                sink))
+    batched = np.asarray(enc.attention_bias(np.stack([pos, pos + 5]), np.stack([pos, pos + 5])))
+    chex.assert_shape(batched, (2, num_heads, 12, 12))
+    np.testing.assert_array_equal(batched[1], _windowed_rope_reference(
+        windows, num_heads, pos + 5, pos + 5, sink))
+
+  def test_defaults_and_rotation(self):
+    enc = aj.make_encoding('windowed_rope', d_model=32, num_heads=4)
+    self.assertEqual(enc.windows, (2, 2, 2, 2))  # window 2 in every head
+    self.assertFalse(enc.sink)
+    self.assertEqual(aj.make_encoding('windowed_rope', d_model=32, num_heads=4,
+                                      num_windowed_heads=-1, windows=(1,)).windows, (1,))
+    self.assertIsNone(aj.make_encoding('windowed_rope', d_model=32, num_heads=4,
+                                       num_windowed_heads=0).attention_bias(np.arange(3),
+                                                                            np.arange(3)))
+    q = jax.random.normal(jax.random.key(0), (1, 5, 4, 8))
+    k = jax.random.normal(jax.random.key(1), (1, 5, 4, 8))
+    rope = aj.make_encoding('rope', d_model=32, num_heads=4)
+    chex.assert_trees_all_close(enc.rotate_queries_keys(q, k, np.arange(5), np.arange(5)),
+                                rope.rotate_queries_keys(q, k, np.arange(5), np.arange(5)))
+
+  @parameterized.parameters(
+      (dict(window=-1), r'window widths must be integers >= 0, got -1'),
+      (dict(windows=(1.5,)), r'got 1\.5'),
+      (dict(num_windowed_heads=5), r'num_windowed_heads=5 must be an integer in 0 … num_heads=4'),
+      (dict(num_windowed_heads=2, windows=(1,)), r'windows=\(1,\) has 1 entries but num_windowed_heads=2'),
+      (dict(width=3), r'unknown option'),
+  )
+  def test_bad_options_are_clear_errors(self, options, message):
+    with self.assertRaisesRegex(ValueError, message):
+      aj.make_encoding('windowed_rope', d_model=16, num_heads=4, **options)
+
+  @parameterized.parameters(*WINDOWED)
+  def test_output_never_depends_on_later_inputs(self, **options):
+    model = _lm('windowed_rope', **options)
+    x = jax.random.normal(jax.random.key(2), (1, 10, 16))
+    for i in (0, 4, 9):
+      g = np.asarray(jax.grad(lambda x_: out_at_x(model, x_, i))(x))
+      self.assertTrue(np.all(g[0, i + 1:] == 0), f'{options}: output {i} sees later inputs')
+      self.assertTrue(np.any(g[0, :i + 1] != 0))
+
+  @parameterized.parameters(False, True)
+  def test_one_layer_sees_exactly_its_window(self, sink):
+    """Gradients of one all-windowed layer: the token at position id p reads
+    an earlier token iff its id is within the window (ahead or behind) or 0
+    with `sink`, never by token distance."""
+    model = aj.TransformerLM(vocab_size=11, d_model=16, num_heads=4, num_layers=1, mlp_dim=32,
+                             encoding='windowed_rope', max_positions=64,
+                             encoding_options=dict(window=1, sink=sink), rngs=nnx.Rngs(0))
+    pos = np.array(COUPLED_POSITIONS[:9])
+    x = jax.random.normal(jax.random.key(4), (1, 9, 16))
+    def out(x_, i):
+      h, _ = model.blocks[0](x_, positions=pos, return_weights=False)
+      return h[0, i].sum()
+    for i in range(9):
+      g = np.abs(np.asarray(jax.grad(out)(x, i))[0]).sum(-1)
+      want = np.array([j <= i and (abs(pos[i] - pos[j]) <= 1 or (sink and pos[j] == 0))
+                       for j in range(9)])
+      np.testing.assert_array_equal(g > 0, want, err_msg=f'query {i} (id {pos[i]})')
+
+  @parameterized.product(options=WINDOWED, positions=('default', 'coupled'))
+  def test_cached_decoding_equals_the_full_pass(self, options, positions):
+    model = _lm('windowed_rope', **options)
+    tokens = jax.random.randint(jax.random.key(1), (2, 12), 0, 11)
+    pos = (jnp.array([COUPLED_POSITIONS, [0, 6, 7, 8, 5, 6, 7, 8, 0, 9, 10, 11]])
+           if positions == 'coupled' else None)
+    want = model(tokens, positions=pos)
+    cache = model.init_cache(2, 12)
+    got, cache = model.extend(tokens[:, :5], cache, 0,
+                              positions=None if pos is None else pos[:, :5])
+    pieces = [got]
+    for i in range(5, 12):
+      logits, cache = model.extend(tokens[:, i:i + 1], cache, i,
+                                   positions=None if pos is None else pos[:, i:i + 1])
+      pieces.append(logits)
+    chex.assert_trees_all_close(jnp.concatenate(pieces, 1), want, atol=2e-5)
+
+  @parameterized.parameters(*WINDOWED)
+  def test_greedy_generation_equals_repeated_full_forward(self, **options):
+    model = _lm('windowed_rope', **options)
+    prompt = jax.random.randint(jax.random.key(3), (2, 4), 0, 11)
+    inputs = jnp.concatenate([prompt, jnp.zeros((2, 6), jnp.int32)], 1)
+    got = greedy_predictions(model, inputs, jnp.array([4, 4]))
+    seq = prompt
+    for _ in range(7):
+      seq = jnp.concatenate([seq, jnp.argmax(model(seq)[:, -1], -1)[:, None].astype(jnp.int32)], 1)
+    np.testing.assert_array_equal(got[:, 3:], seq[:, 4:11])
+
+  def test_generalize_preset(self):
+    from configs import copy as copy_config
+    c = copy_config.get_config('size=generalize')
+    self.assertEqual(c.model.encoding, 'windowed_rope:coupled')
+    self.assertTrue(models.is_coupled(c))
+    self.assertEqual(models.encoding_options(c), dict(windows=(), window=2,
+                                                      num_windowed_heads=-1, sink=True))
+    model = models.build_model(c, 0)
+    enc = model.blocks[0].attention.positional
+    self.assertEqual((enc.windows, enc.sink), ((2,) * c.model.num_heads, True))
+
+
 if __name__ == '__main__':
   absltest.main()
