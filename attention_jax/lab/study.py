@@ -7,6 +7,7 @@ is finished and is read back instead of retrained, so an interrupted sweep
 picks up at the first unfinished run when the same command is run again.
 """
 
+import contextlib
 import functools
 import glob
 import hashlib
@@ -24,7 +25,7 @@ from attention_jax.lab import identity
 from attention_jax.lab import results
 from attention_jax.lab import tasks
 from attention_jax.lab.evaluate import default_eval_lengths
-from attention_jax.lab.evaluate import evaluate_lengths
+from attention_jax.lab.evaluate import evaluate_models
 from attention_jax.lab.evaluate import rope_scaled
 from attention_jax.lab import models
 from attention_jax.positional import RopeScaling
@@ -98,32 +99,46 @@ def _train_and_evaluate(configs, run_dirs, tx, on_trained, log, *, vmapped) -> l
     trained = [train(c, d, progress=c.progress, tx=tx) for c, d in zip(configs, run_dirs)]
   # Per run: its share of a program that trained them all at once.
   train_seconds = (time.perf_counter() - start) / len(configs)
-  out = []
-  for config, run_dir, (model, last) in zip(configs, run_dirs, trained):
+  for config, run_dir, (model, _) in zip(configs, run_dirs, trained):
     if on_trained:
       on_trained(model, config, run_dir)
-    raise_if_stopped(f'after training {run_dir} (final checkpoint saved; its evaluation '
-                     'runs next time)')
+  raise_if_stopped(f'after training {", ".join(run_dirs)} (final checkpoints saved; the '
+                   'evaluation runs next time)')
+  # The seeds of a vmapped group are evaluated together too (one program per
+  # bucket for all of them); otherwise one run at a time.
+  groups = [list(range(len(configs)))] if vmapped else [[i] for i in range(len(configs))]
+  out = [None] * len(configs)
+  for group in groups:
+    names = ', '.join(run_dirs[i] for i in group)
     if log:
-      log(f'evaluating {run_dir} at {len(eval_lengths(config))} lengths')
+      log(f'evaluating {names} at {len(eval_lengths(configs[group[0]]))} lengths')
     start = time.perf_counter()
-    with stage(f'during the evaluation of {run_dir} (training finished, final checkpoint '
+    with stage(f'during the evaluation of {names} (training finished, final checkpoints '
                'saved)'):
-      rows, timings = _evaluate(model, config)
-    eval_seconds = time.perf_counter() - start
-    info = dict(train_seconds=train_seconds, trained_with_seeds=len(configs) if vmapped else 1,
-                final_train_metrics=last)
-    if not last:  # nothing trained this time: keep what the training run recorded
-      info.update(_read_json(os.path.join(run_dir, 'run.json'), info))
-    info.update(eval_seconds=eval_seconds, eval_breakdown=timings, config=config.to_dict(),
-                evaluation=identity.evaluation_fields(config))
-    # results.csv first: a stop in between leaves an old run.json, which
-    # means "evaluate again", never stale results taken as current.
-    results.write_rows(os.path.join(run_dir, 'results.csv'), rows)
-    results.write_text(os.path.join(run_dir, 'run.json'),
-                       json.dumps(info, indent=1, default=str))
-    out.append(rows)
+      group_rows, timings = _evaluate([trained[i][0] for i in group],
+                                      [configs[i] for i in group])
+    eval_seconds = (time.perf_counter() - start) / len(group)
+    for i, rows in zip(group, group_rows):
+      _write_run(configs[i], run_dirs[i], rows, trained[i][1], train_seconds, eval_seconds,
+                 {k: v / len(group) for k, v in timings.items()},
+                 len(configs) if vmapped else 1)
+      out[i] = rows
   return out
+
+
+def _write_run(config, run_dir, rows, last, train_seconds, eval_seconds, timings,
+               trained_with) -> None:
+  """results.csv and run.json of one evaluated run, atomically."""
+  info = dict(train_seconds=train_seconds, trained_with_seeds=trained_with,
+              final_train_metrics=last)
+  if not last:  # nothing trained this time: keep what the training run recorded
+    info.update(_read_json(os.path.join(run_dir, 'run.json'), info))
+  info.update(eval_seconds=eval_seconds, eval_breakdown=timings, config=config.to_dict(),
+              evaluation=identity.evaluation_fields(config))
+  # results.csv first: a stop in between leaves an old run.json, which
+  # means "evaluate again", never stale results taken as current.
+  results.write_rows(os.path.join(run_dir, 'results.csv'), rows)
+  results.write_text(os.path.join(run_dir, 'run.json'), json.dumps(info, indent=1, default=str))
 
 
 def _read_json(path: str, default: dict) -> dict:
@@ -136,29 +151,34 @@ def _read_json(path: str, default: dict) -> dict:
     return default
 
 
-def _evaluate(model, config: ml_collections.ConfigDict) -> list[dict]:
-  """Result rows of `model` for every evaluation variant and length, and the
+def _evaluate(trained: list, configs: list) -> tuple[list[list[dict]], dict]:
+  """Result rows of each trained model (the seeds of one setup: `configs`
+  equal but for the seed) for every evaluation variant and length, and the
   seconds each variant took (generation scoring is part of the first)."""
+  config = configs[0]
   is_transformer = config.model.kind == 'transformer'
   max_position = (models.randomized_max_position(config)
                   if config.positions.randomized_eval == 'random' else 0)
-  rows, digest, timings = [], config_hash(config), {}
+  rows, digest, timings = [[] for _ in trained], config_hash(config), {}
   for label, scaling in evaluation_variants(config):
     start = time.perf_counter()
     # Generation checks the model's cached decoding path, which RoPE
     # scaling does not change: once per model is enough.
     generate = config.eval.generate and is_transformer and scaling is None
-    with rope_scaled(model, scaling):
-      per_length = evaluate_lengths(
-          model, models.configured_task(config), eval_lengths(config),
+    with contextlib.ExitStack() as scaled:
+      for model in trained:
+        scaled.enter_context(rope_scaled(model, scaling))
+      per_model = evaluate_models(
+          trained, models.configured_task(config), eval_lengths(config),
           train_max=config.task.train_max_length, num_samples=config.eval.num_samples,
           vocab_size=config.task.vocab_size, eval_seed=config.eval.seed,
           batch_size=config.eval.batch_size, max_position=max_position,
           draw=config.positions.draw, generate=generate)
     timings[label + (' (with generation)' if generate else '')] = time.perf_counter() - start
-    rows += [dict(task=config.task.name, encoding=label, seed=config.train.seed,
-                  config_hash=digest, version=attention_jax.__version__, **r)
-             for r in per_length]
+    for model_rows, c, per_length in zip(rows, configs, per_model):
+      model_rows += [dict(task=c.task.name, encoding=label, seed=c.train.seed,
+                          config_hash=digest, version=attention_jax.__version__, **r)
+                     for r in per_length]
   return rows, timings
 
 

@@ -3,6 +3,7 @@
 from attention_jax.lab.evaluate.lengths import buckets
 from attention_jax.lab.evaluate.lengths import default_eval_lengths
 from attention_jax.lab.evaluate.lengths import evaluate_lengths
+from attention_jax.lab.evaluate.lengths import evaluate_models
 from attention_jax.lab.evaluate.alignment import seq2seq_alignment
 from attention_jax.lab.evaluate.context_extension import rope_scaled
 from attention_jax.lab.evaluate.diagnostics import attention_entropy

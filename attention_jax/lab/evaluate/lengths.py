@@ -63,11 +63,22 @@ def buckets(lengths: Sequence[int], train_max: int) -> dict[int, list[int]]:
 
 @functools.partial(jax.jit, static_argnames=(
     'graphdef', 'task', 'bucket', 'num_samples', 'vocab_size', 'max_position', 'draw',
-    'generate'))
+    'generate', 'stacked'))
 def _evaluate_batch(state, key, n, *, graphdef, task: tasks.Task, bucket: int,
                     num_samples: int, vocab_size: int, max_position: int = 0,
-                    draw: str = 'per_example',
-                    generate: bool = False) -> dict[str, jax.Array]:
+                    draw: str = 'per_example', generate: bool = False,
+                    stacked: bool = False) -> dict[str, jax.Array]:
+  """`_metrics`, or with `stacked` the metrics `[S]` of S models whose
+  states are stacked on a leading axis, on the same batch, in one program."""
+  metrics = functools.partial(
+      _metrics, key=key, n=n, graphdef=graphdef, task=task, bucket=bucket,
+      num_samples=num_samples, vocab_size=vocab_size, max_position=max_position, draw=draw,
+      generate=generate)
+  return jax.vmap(metrics)(state) if stacked else metrics(state)
+
+
+def _metrics(state, *, key, n, graphdef, task, bucket, num_samples, vocab_size,
+             max_position, draw, generate) -> dict[str, jax.Array]:
   """Metrics on `num_samples` sequences of input length `n` (traced) padded
   to `bucket`: one compilation per bucket, shared by models of one shape.
   Predictions are `models.predict_batch`'s: teacher-forced argmax for the
@@ -91,29 +102,45 @@ def _evaluate_batch(state, key, n, *, graphdef, task: tasks.Task, bucket: int,
   return metrics
 
 
-def evaluate_lengths(model: nnx.Module, task: tasks.Task, lengths: Iterable[int], *,
-                     train_max: int, num_samples: int, vocab_size: int,
-                     eval_seed: int = 12345, batch_size: int = 256,
-                     max_position: int = 0, draw: str = 'per_example',
-                     generate: bool = False) -> list[dict]:
+def evaluate_lengths(model: nnx.Module, task: tasks.Task, lengths: Iterable[int],
+                     **kwargs) -> list[dict]:
   """Per length: `{'length', 'token_accuracy', 'exact_match'}` over
   `num_samples` sequences (evaluated `batch_size` at a time), plus
   `generated_exact_match` and `generation_agreement` with `generate`.
-  `max_position` > 0 evaluates on randomized positions from [0, max_position)."""
-  graphdef, state = nnx.split(model)
-  rows = []
+  `max_position` > 0 evaluates on randomized positions from [0, max_position).
+  Keywords as `evaluate_models`."""
+  return evaluate_models([model], task, lengths, **kwargs)[0]
+
+
+def evaluate_models(trained: list[nnx.Module], task: tasks.Task, lengths: Iterable[int], *,
+                    train_max: int, num_samples: int, vocab_size: int,
+                    eval_seed: int = 12345, batch_size: int = 256,
+                    max_position: int = 0, draw: str = 'per_example',
+                    generate: bool = False) -> list[list[dict]]:
+  """`evaluate_lengths`' rows for each of several models of one
+  architecture (e.g. the seeds of one setup), all on the same sequences:
+  their states stacked and the evaluation `jax.vmap`-ed over them, one
+  program per bucket for all of them."""
+  stacked = len(trained) > 1
+  splits = [nnx.split(m) for m in trained]
+  graphdef = splits[0][0]
+  state = (jax.tree.map(lambda *xs: jnp.stack(xs), *(s for _, s in splits)) if stacked
+           else splits[0][1])
+  rows = [[] for _ in trained]
   batch_size = min(batch_size, num_samples)
   num_batches = math.ceil(num_samples / batch_size)
   for bucket, bucket_lengths in buckets(sorted(lengths), train_max).items():
     eval_fn = functools.partial(_evaluate_batch, graphdef=graphdef, task=task,
                                 bucket=bucket, num_samples=batch_size,
                                 vocab_size=vocab_size, max_position=max_position, draw=draw,
-                                generate=generate)
+                                generate=generate, stacked=stacked)
     for n in bucket_lengths:
       raise_if_stopped()  # a stop request during evaluation, between lengths
       keys = jax.random.split(jax.random.fold_in(jax.random.key(eval_seed), n), num_batches)
       results = jax.device_get([eval_fn(state, key, jnp.int32(n)) for key in keys])
       # Every batch has the same number of sequences and of output tokens.
-      rows.append(dict(length=n, **{k: float(np.mean([r[k] for r in results]))
-                                    for k in results[0]}))
+      for i, model_rows in enumerate(rows):
+        model_rows.append(dict(length=n, **{
+            k: float(np.mean([r[k][i] if stacked else r[k] for r in results]))
+            for k in results[0]}))
   return rows
