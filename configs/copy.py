@@ -5,22 +5,26 @@ The default preset is the study `make experiment` runs on a 2-core CPU:
   python -m experiments.length_extrapolation --config=configs/copy.py \
       --workdir=runs/copy
 
-It trains 27 models (encodings none, sinusoidal, learned, rope, alibi, t5,
-kerple, learned:randomized, rope:randomized × seeds 0, 1, 2) on `copy` with
-inputs of length 1–8, evaluates every model on input lengths 1–64 (8× the
-training maximum) under teacher forcing and by greedy generation, evaluates
-the RoPE models again with three context extensions (rows rope+pi, rope+ntk,
-rope+yarn), and writes results.csv, summary.md and extrapolation.png to the
-workdir. Expected: every encoding near 100% token accuracy in the training
-range; past it, the curves separate (see the README for a real run, its
-numbers and its wall time: 17 min 26 s on the 2-core CPU).
+It trains 27 models (encodings none, sinusoidal, learned, rope, alibi,
+hard_alibi, learned_window, rope:coupled, windowed_rope:coupled × seeds 0, 1,
+2; the seeds of one encoding in one compiled program) on `copy` with inputs
+of length 1–8, evaluates every model on input lengths 1–64 (8× the training
+maximum) under teacher forcing and by greedy generation, evaluates the RoPE
+models again with three context extensions (rows rope+pi, rope+ntk,
+rope+yarn; the official YaRN), and writes results.csv, summary.md and
+extrapolation.png to the workdir. Expected: every encoding near 100% token
+accuracy in the training range; past it, the curves separate, and only
+windowed_rope:coupled copies 4× and 8× longer strings exactly (see the
+README for a real run, its numbers and its wall time).
 
 One model: `python -m experiments.train --config=configs/copy.py:encoding=rope
 --workdir=runs/one`. Presets by `:arg`, comma-separated `key=value`:
 
   encoding=NAME  the encoding (train.py) / the only encoding swept
-              (length_extrapolation.py): none|sinusoidal|learned|rope|alibi|
-              t5|kerple, optionally NAME:randomized (Ruoss et al. 2023)
+              (length_extrapolation.py): a registry name (none, sinusoidal,
+              learned, rope, alibi, t5, kerple, hard_alibi, learned_window,
+              windowed_rope), optionally NAME:randomized (Ruoss et al. 2023)
+              or NAME:coupled (position coupling, Cho et al. 2024)
   task=NAME   copy | reverse | duplicate
   size=NAME   cpu (default) | paper (Delétang et al. 2022 / Ruoss et al. 2023:
               5 layers, d_model 64, 8 heads, batch 128, train lengths 1–40,
@@ -28,15 +32,22 @@ One model: `python -m experiments.train --config=configs/copy.py:encoding=rope
               | generalize (issue 12's CPU recipe: windowed_rope:coupled, every
               head RoPE + a window |Δid| <= 2 on coupled position ids + a
               sink at id 0; measured 100.0 ± 0.0% exact match at 4× and at
-              8× L_train, 3 seeds, 3 min for the whole study)
+              8× L_train, 3 seeds, 3 min for the whole study) | all (every
+              encoding of ALL_ENCODINGS on copy, reverse and duplicate)
 
 Any field can be overridden: `--config.model.num_heads=8`.
 """
 
 import ml_collections
 
-ENCODINGS = ('none', 'sinusoidal', 'learned', 'rope', 'alibi', 't5', 'kerple',
-             'learned:randomized', 'rope:randomized')
+# The default study: the lesson's four encodings and NoPE, the published
+# windowed recipe (Hard-ALiBi), our learned window, and coupled ids with RoPE,
+# unwindowed and windowed (ours: the one that generalizes).
+ENCODINGS = ('none', 'sinusoidal', 'learned', 'rope', 'alibi', 'hard_alibi',
+             'learned_window', 'rope:coupled', 'windowed_rope:coupled')
+# Every encoding of the project (`:size=all`): the above, the research
+# relative biases and randomized positions.
+ALL_ENCODINGS = ENCODINGS + ('t5', 'kerple', 'learned:randomized', 'rope:randomized')
 
 
 def _parse(arg):
@@ -48,7 +59,7 @@ def _parse(arg):
           f'bad config argument {item!r}; expected key=value with key in '
           f'{sorted(preset)}, e.g. configs/copy.py:encoding=rope,size=paper.')
     preset[key] = value
-  if preset['size'] not in ('cpu', 'paper', 'tiny', 'generalize'):
+  if preset['size'] not in ('cpu', 'paper', 'tiny', 'generalize', 'all'):
     raise ValueError(f"size={preset['size']!r}: choose cpu, paper, tiny or generalize.")
   return preset
 
@@ -86,6 +97,20 @@ def get_config(arg=None):
       init_widths=(1, 2),  # one trained soft window per entry, from these widths; other heads NoPE
       temperature=4.0,  # initial edge sharpness τ (bias log σ(τ (w − ½ − d)))
       learn_temperature=True,  # train τ too (else fixed)
+  ))
+  # windowed_rope (ours, positional/windowed_rope.py): RoPE, and each windowed
+  # head sees only keys with |Δid| <= its width: with coupled ids
+  # ('windowed_rope:coupled') a bounded, length-independent neighbourhood.
+  c.model.encoding_options.windowed_rope = ml_collections.ConfigDict(dict(
+      windows=(),  # one width per windowed head; () = `window` for each
+      window=2,  # |Δid| <= 2: x_{k+1} (Δ = −1) plus a margin; 1 also gave 100% at 4×/8× (seed 0)
+      # -1 = all heads windowed. A plain RoPE head sees the whole length: with 2 of
+      # the 4 heads plain, 53.1% exact at 4× (early EOS from k ≈ 19 on), seed 0.
+      num_windowed_heads=-1,
+      # Keys at id 0 (BOS/EOS/PAD) open to every windowed head: where "no
+      # x_{k+1}" puts its attention, so EOS is not confused with x_{k+1} = x_k
+      # (without it: early EOS inside runs like 'cccc', 98.8% exact at 8×).
+      sink=True,
   ))
   c.model.d_model = 64  # residual stream width (seq2seq: embedding width)
   c.model.num_heads = 4  # attention heads; must divide d_model
@@ -168,21 +193,14 @@ def get_config(arg=None):
     # windowed_rope (positional/windowed_rope.py): RoPE, and each windowed head
     # sees only keys with |Δid| <= its width, so a head reads a bounded,
     # length-independent neighbourhood: nothing far away can distract it.
-    c.model.encoding_options.windowed_rope = ml_collections.ConfigDict(dict(
-        windows=(),  # one width per windowed head; () = `window` for each
-        window=2,  # |Δid| <= 2: x_{k+1} (Δ = −1) plus a margin; 1 also gave 100% at 4×/8× (seed 0)
-        # -1 = all heads windowed. A plain RoPE head sees the whole length: with 2 of
-        # the 4 heads plain, 53.1% exact at 4× (early EOS from k ≈ 19 on), seed 0.
-        num_windowed_heads=-1,
-        # Keys at id 0 (BOS/EOS/PAD) open to every windowed head: where "no
-        # x_{k+1}" puts its attention, so EOS is not confused with x_{k+1} = x_k
-        # (without it: early EOS inside runs like 'cccc', 98.8% exact at 8×).
-        sink=True,
-    ))
     c.task.pack = 1  # one example per sequence: enough (pack 4 also gave 100% at 4×/8×, seed 0, but trains 4× slower)
     c.eval.lengths = (1, 2, 4, 8, 10, 16, 32, 64)  # the issue's checkpoints (faster than every length)
     c.eval.rope_scalings = ()  # no PI/NTK/YaRN rows: coupled ids stay in the trained range
     c.study.seeds = (0, 1, 2)  # measured: 100.0 ± 0.0% exact at 32 and at 64 (train ~40–70 s each)
+  elif preset['size'] == 'all':
+    # The default model on every task and every encoding of the project.
+    c.study.tasks = ('copy', 'reverse', 'duplicate')
+    c.study.encodings = (preset['encoding'],) if preset['encoding'] else ALL_ENCODINGS
   elif preset['size'] == 'tiny':
     c.model.update(d_model=16, num_heads=2, num_layers=1, mlp_dim=32)
     c.task.train_max_length = 4
