@@ -114,7 +114,7 @@ def _time_setup(config, num_seeds, steps):
 
 def _pytorch_rows(config, seeds, steps):
   import torch  # pylint: disable=g-import-not-at-top
-  from benchmarks.train_step import TorchLM  # pylint: disable=g-import-not-at-top
+  from benchmarks.torch_lm import TorchLM  # pylint: disable=g-import-not-at-top
   m, tr, t = config.model, config.train, config.task
   nets, opts = [], []
   for seed in seeds:
