@@ -37,6 +37,21 @@ def _hard_alibi_reference(widths, num_heads, t):
   return bias
 
 
+
+def _assert_cached_equals_full(model, pos):
+  """Prefill 5 tokens, then one token per `extend`: the logits of the full
+  causal pass, with the default or explicit positions `pos` `[2, 12]`."""
+  tokens = jax.random.randint(jax.random.key(1), (2, 12), 0, 11)
+  want = model(tokens, positions=pos)
+  cache = model.init_cache(2, 12)
+  at = lambda a, b: None if pos is None else pos[:, a:b]
+  pieces = [model.extend(tokens[:, :5], cache, 0, positions=at(0, 5))]
+  cache = pieces[0][1]
+  for i in range(5, 12):
+    logits, cache = model.extend(tokens[:, i:i + 1], cache, i, positions=at(i, i + 1))
+    pieces.append((logits, cache))
+  chex.assert_trees_all_close(jnp.concatenate([p[0] for p in pieces], 1), want, atol=2e-5)
+
 class HardALiBiTest(chex.TestCase, parameterized.TestCase):
 
   @parameterized.parameters(((1, 2), 4), ((1, 2, 3, 4, 5, 6), 8), ((3, 1), 2), ((), 4))
@@ -111,20 +126,9 @@ class CausalityAndCacheTest(chex.TestCase, parameterized.TestCase):
 
   @parameterized.product(encoding=NEW, positions=('default', 'explicit'))
   def test_cached_decoding_equals_the_full_pass(self, encoding, positions):
-    model = _lm(encoding)
-    tokens = jax.random.randint(jax.random.key(1), (2, 12), 0, 11)
     pos = (jnp.array([[0, 3, 4, 9, 20, 21, 22, 30, 31, 40, 50, 63]] * 2)
            if positions == 'explicit' else None)
-    want = model(tokens, positions=pos)
-    cache = model.init_cache(2, 12)
-    got, cache = model.extend(tokens[:, :5], cache, 0,
-                              positions=None if pos is None else pos[:, :5])
-    pieces = [got]
-    for i in range(5, 12):
-      logits, cache = model.extend(tokens[:, i:i + 1], cache, i,
-                                   positions=None if pos is None else pos[:, i:i + 1])
-      pieces.append(logits)
-    chex.assert_trees_all_close(jnp.concatenate(pieces, 1), want, atol=2e-5)
+    _assert_cached_equals_full(_lm(encoding), pos)
 
   @parameterized.parameters(*NEW)
   def test_greedy_generation_equals_repeated_full_forward(self, encoding):
@@ -336,20 +340,9 @@ class WindowedRoPETest(chex.TestCase, parameterized.TestCase):
 
   @parameterized.product(options=WINDOWED, positions=('default', 'coupled'))
   def test_cached_decoding_equals_the_full_pass(self, options, positions):
-    model = _lm('windowed_rope', **options)
-    tokens = jax.random.randint(jax.random.key(1), (2, 12), 0, 11)
     pos = (jnp.array([COUPLED_POSITIONS, [0, 6, 7, 8, 5, 6, 7, 8, 0, 9, 10, 11]])
            if positions == 'coupled' else None)
-    want = model(tokens, positions=pos)
-    cache = model.init_cache(2, 12)
-    got, cache = model.extend(tokens[:, :5], cache, 0,
-                              positions=None if pos is None else pos[:, :5])
-    pieces = [got]
-    for i in range(5, 12):
-      logits, cache = model.extend(tokens[:, i:i + 1], cache, i,
-                                   positions=None if pos is None else pos[:, i:i + 1])
-      pieces.append(logits)
-    chex.assert_trees_all_close(jnp.concatenate(pieces, 1), want, atol=2e-5)
+    _assert_cached_equals_full(_lm('windowed_rope', **options), pos)
 
   @parameterized.parameters(*WINDOWED)
   def test_greedy_generation_equals_repeated_full_forward(self, **options):

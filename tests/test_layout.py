@@ -1,7 +1,10 @@
-"""The library stands alone: it never imports the lab or the lab's tools."""
+"""The library stands alone: it never imports the lab or the lab's tools; and
+the package declares every third-party import (issue 13, E)."""
 
 import ast
 import os
+import pathlib
+import re
 import subprocess
 import sys
 
@@ -70,6 +73,56 @@ class LayoutTest(absltest.TestCase):
       self.assertIn(name, aj.__all__)
     self.assertEqual([n for n in aj.__all__ if not hasattr(aj, n)], [])
 
+
+
+PATH_ROOT = pathlib.Path(ROOT)
+DISTRIBUTIONS = {'orbax': 'orbax-checkpoint', 'absl': 'absl-py', 'yaml': 'pyyaml'}
+FIRST_PARTY = {'attention_jax', 'experiments', 'configs', 'tests', 'benchmarks'}
+
+
+def _canonical(name: str) -> str:
+  return re.sub(r'[-_.]+', '-', name).lower()
+
+
+def _requirements(lines) -> dict[str, str]:
+  """{canonical name: version range} of requirement strings."""
+  found = [re.match(r'([A-Za-z0-9_.\-]+)\s*(.*)', line.split('#')[0].strip()) for line in lines]
+  return {_canonical(m[1]): m[2].replace(' ', '') for m in found if m}
+
+
+def _distributions_imported(paths) -> set[str]:
+  """Third-party distributions imported (at top level of a dotted name) by `paths`."""
+  found = set()
+  for path in paths:
+    for node in ast.walk(ast.parse(path.read_text())):
+      names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+               [node.module] if isinstance(node, ast.ImportFrom) and not node.level else [])
+      for name in filter(None, names):
+        top = name.split('.')[0]
+        if top not in sys.stdlib_module_names and top not in FIRST_PARTY:
+          found.add(_canonical(DISTRIBUTIONS.get(top, top)))
+  return found
+
+
+class DeclaredDependenciesTest(absltest.TestCase):
+  """E. The package says what it needs."""
+
+  def test_every_import_is_declared_with_the_same_ranges_everywhere(self):
+    try:
+      import tomllib  # pylint: disable=g-import-not-at-top
+    except ImportError:  # Python 3.10
+      self.skipTest('tomllib needs Python 3.11')
+    project = tomllib.loads((PATH_ROOT / 'pyproject.toml').read_text())['project']
+    core = _requirements(project['dependencies'])
+    lab = _requirements(project['optional-dependencies']['lab'])
+    test = _requirements(project['optional-dependencies']['test'])
+    library = [p for p in (PATH_ROOT / 'attention_jax').rglob('*.py') if 'lab' not in p.parts]
+    lab_code = [*(PATH_ROOT / 'attention_jax' / 'lab').rglob('*.py'),
+                *(PATH_ROOT / 'experiments').rglob('*.py'), *(PATH_ROOT / 'configs').rglob('*.py')]
+    self.assertContainsSubset(_distributions_imported(library), set(core))
+    self.assertContainsSubset(_distributions_imported(lab_code), set(core) | set(lab))
+    self.assertEqual(_requirements((PATH_ROOT / 'requirements.txt').read_text().splitlines()),
+                     {**core, **lab, **test})
 
 if __name__ == '__main__':
   absltest.main()

@@ -48,6 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attention_jax.attention import MASK_VALUE
+from attention_jax.attention.scores import relative_distance
 from attention_jax.positional.base import PositionalEncoding
 
 
@@ -78,12 +79,6 @@ def check_windows(num_heads: int, num_windowed_heads: Optional[int],
   return tuple(int(w) for w in widths) if widths else default_widths(m)
 
 
-def relative_distance(q_positions, k_positions) -> jnp.ndarray:
-  """`i - j`, int32 `[1, T_q, T_k]` (or `[B, 1, T_q, T_k]`): a head axis of 1."""
-  return (jnp.asarray(q_positions, jnp.int32)[..., None, :, None]
-          - jnp.asarray(k_positions, jnp.int32)[..., None, None, :])
-
-
 def hard_alibi_bias(widths: Sequence[int], num_heads: int, q_positions, k_positions,
                     causal: bool = True) -> jnp.ndarray:
   """float32 `[num_heads, T_q, T_k]` (or `[B, num_heads, T_q, T_k]`): 0 inside
@@ -92,7 +87,7 @@ def hard_alibi_bias(widths: Sequence[int], num_heads: int, q_positions, k_positi
   w = np.zeros((num_heads, 1, 1), np.int32)
   w[:m, 0, 0] = widths
   windowed = (np.arange(num_heads) < m)[:, None, None]
-  d = relative_distance(q_positions, k_positions)
+  d = relative_distance(q_positions, k_positions)[..., None, :, :]  # a head axis of 1
   inside = (d >= 0) & (d < w) if causal else jnp.abs(d) < w
   return jnp.where(inside | ~windowed, 0.0, MASK_VALUE).astype(jnp.float32)
 

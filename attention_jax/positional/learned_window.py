@@ -34,7 +34,7 @@ from flax import nnx
 
 from attention_jax.positional.base import PositionalEncoding
 from attention_jax.positional.hard_alibi import check_windows
-from attention_jax.positional.hard_alibi import relative_distance
+from attention_jax.attention.scores import relative_distance
 
 
 def _inverse_softplus(x: np.ndarray) -> np.ndarray:
@@ -47,7 +47,7 @@ def learned_window_bias(widths: jnp.ndarray, temperatures: jnp.ndarray, num_head
   rest: float32 `[num_heads, T_q, T_k]` (or `[B, num_heads, T_q, T_k]`) from
   positive `widths`, `temperatures` `[M]` and integer positions."""
   m = widths.shape[0]
-  d = relative_distance(q_positions, k_positions).astype(jnp.float32)
+  d = relative_distance(q_positions, k_positions)[..., None, :, :].astype(jnp.float32)
   if not causal:
     d = jnp.abs(d)
   w = jnp.asarray(widths, jnp.float32)[:, None, None]
