@@ -168,6 +168,10 @@ def get_config(arg=None):
   c.study.encodings = (preset['encoding'],) if preset['encoding'] else ENCODINGS  # encodings swept
   c.study.seeds = (0, 1, 2)  # training seeds swept (overrides train.seed)
   c.study.vmap_seeds = True  # train the seeds of one setup in one compiled program (jax.vmap); False: one after another
+  # Setups (task × model × encoding) trained and evaluated at once, in threads:
+  # XLA runs their programs side by side, filling cores one small model leaves
+  # idle (see attention_jax/lab/timing.py); 1 = one after another. Same results.
+  c.study.parallel_setups = 2
   # A run directory trained with another config (a field that changes the
   # trained model, see attention_jax/lab/identity.py): 'error' refuses it,
   # 'retrain' trains into a fresh sibling directory (seed0-2, …).

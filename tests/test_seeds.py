@@ -70,17 +70,22 @@ class VmappedSeedsTest(absltest.TestCase):
       chex.assert_trees_all_equal(_params(a), _params(b))
       self.assertEqual(_losses(da), _losses(db))
 
-  def test_study_switch_gives_the_same_rows(self):
-    """`study.vmap_seeds` on and off: the same results.csv accuracies."""
+  def test_study_switches_give_the_same_rows(self):
+    """`study.vmap_seeds` on and off: the same results.csv accuracies;
+    `study.parallel_setups` 2 and 1: the same rows, bit for bit."""
     rows = {}
-    for vmapped in (True, False):
-      c = copy_config.get_config('size=tiny,encoding=alibi')
-      c.study.seeds, c.study.vmap_seeds = (0, 1), vmapped
+    for vmapped, parallel in ((True, 2), (True, 1), (False, 1)):
+      c = copy_config.get_config('size=tiny')
+      c.study.encodings = ('alibi', 'rope')
+      c.study.seeds, c.study.vmap_seeds, c.study.parallel_setups = (0, 1), vmapped, parallel
       messages = []
-      rows[vmapped] = run_study(c, tempfile.mkdtemp(), log=messages.append)
-      self.assertEqual(any('in one program' in m for m in messages), vmapped)
-    for a, b in zip(rows[True], rows[False]):
-      self.assertEqual((a['seed'], a['length']), (b['seed'], b['length']))
+      rows[vmapped, parallel] = run_study(c, tempfile.mkdtemp(), log=messages.append)
+      self.assertEqual(sum('in one program' in m for m in messages), 2 * vmapped)
+    self.assertEqual(rows[True, 2], rows[True, 1])
+    self.assertLen(rows[True, 1], 2 * 2 * 7)  # encodings x seeds x lengths
+    for a, b in zip(rows[True, 1], rows[False, 1]):
+      self.assertEqual((a['encoding'], a['seed'], a['length']),
+                       (b['encoding'], b['seed'], b['length']))
       self.assertAlmostEqual(a['token_accuracy'], b['token_accuracy'], places=6)
 
   def test_seed_axis_on_four_devices(self):

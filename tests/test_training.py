@@ -19,6 +19,7 @@ from attention_jax.lab import models
 from attention_jax.lab import tasks
 from attention_jax.lab import train
 from attention_jax.lab.study import run_study
+from attention_jax.lab.timing import Stopwatch
 from attention_jax.lab.validate import validate_config
 from configs import copy as copy_config
 
@@ -73,7 +74,26 @@ class EvaluationTest(absltest.TestCase):
 
   def test_default_lengths(self):
     self.assertEqual(evaluate.default_eval_lengths(4, 32),
-                     [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32])
+                     [1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32])
+    self.assertEqual(evaluate.default_eval_lengths(8, 64),  # the study's 1.25x, 2x, 4x, 8x
+                     [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64])
+    self.assertEqual(evaluate.default_eval_lengths(8, 20), [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 20])
+
+
+class StopwatchTest(absltest.TestCase):
+
+  def test_compile_seconds_are_counted_once_per_program(self):
+    clock = Stopwatch()
+    fn = jax.jit(lambda x: jnp.tanh(x) @ x.T + 17.0)
+    x = jnp.ones((64, 64))
+    with clock.stage('first'):
+      fn(x).block_until_ready()
+    with clock.stage('again'):  # the same program: XLA's cache, no compile
+      fn(x).block_until_ready()
+    times = clock.breakdown(share=2)
+    self.assertBetween(times['first_compile'], 1e-4, times['first'])
+    self.assertEqual(times['again_compile'], 0.0)
+    self.assertAlmostEqual(times['first'], clock.wall['first'] / 2)
 
 
 class StudyTest(absltest.TestCase):
@@ -97,7 +117,14 @@ class StudyTest(absltest.TestCase):
     self.assertIn('learned:randomized', {r['encoding'] for r in table})
     self.assertEqual({r['version'] for r in table}, {attention_jax.__version__})
     self.assertLen({r['config_hash'] for r in table}, 2)  # one per encoding
-    self.assertEqual(len(table), 2 * 8)  # two encodings, lengths 1…8
+    self.assertEqual(len(table), 2 * 7)  # two encodings, lengths 1…4, 5, 6, 8
+    # Where the seconds went, compile time apart, each part of its stage.
+    with open(os.path.join(workdir, 'runs/copy/rope/seed0/run.json')) as f:
+      times = json.load(f)['time_breakdown']
+    self.assertEqual(set(times), {'train', 'train_compile', 'evaluation', 'evaluation_compile',
+                                  'generation', 'generation_compile'})
+    for stage in ('train', 'evaluation', 'generation'):  # 0 if another test compiled it
+      self.assertBetween(times[f'{stage}_compile'], 0, times[stage])
     summary = open(os.path.join(workdir, 'summary.md')).read()
     self.assertIn('| rope | 1 |', summary)
     with open(os.path.join(workdir, 'runs/copy/rope/seed0/metrics.jsonl')) as f:

@@ -150,5 +150,10 @@ def generate_batch(model: nnx.Module, batch: dict[str, jax.Array]) -> jax.Array:
   transformer; a seq2seq model's `predict_batch` already decodes greedily)."""
   if isinstance(model, Seq2Seq):
     return predict_batch(model, batch)
-  prompt_lengths = jnp.argmax(batch['loss_mask'], axis=1) + 1
-  return greedy_predictions(model, batch['inputs'], prompt_lengths, batch.get('positions'))
+  mask = batch['loss_mask']
+  prompt_lengths = jnp.argmax(mask, axis=1) + 1
+  # Decoding ends after the last scored position of the longest row (EOS):
+  # the padding of a bucket is never decoded.
+  stop = jnp.max(mask.shape[1] - jnp.argmax(mask[:, ::-1], axis=1))
+  return greedy_predictions(model, batch['inputs'], prompt_lengths, batch.get('positions'),
+                            stop=stop)

@@ -13,6 +13,7 @@ import glob
 import hashlib
 import json
 import os
+import threading
 import time
 from typing import Callable, Optional
 
@@ -30,6 +31,10 @@ from attention_jax.lab.evaluate import rope_scaled
 from attention_jax.lab import models
 from attention_jax.positional import RopeScaling
 from attention_jax.lab.plots import plot_extrapolation
+from attention_jax.lab.timing import Stopwatch
+from attention_jax.lab.timing import describe
+from attention_jax.lab.timing import locked
+from attention_jax.lab.timing import side_by_side
 from attention_jax.lab.train import make_optimizer
 from attention_jax.lab.train import train
 from attention_jax.lab.train import train_seeds
@@ -92,13 +97,14 @@ def _train_and_evaluate(configs, run_dirs, tx, on_trained, log, *, vmapped) -> l
   """Trains the runs (the seeds of one setup in one program when `vmapped`),
   then evaluates and writes each; returns each run's rows."""
   tx = tx or shared_optimizer(configs[0].train)
-  start = time.perf_counter()
-  if vmapped:
-    trained = train_seeds(configs, run_dirs, progress=configs[0].progress, tx=tx)
-  else:
-    trained = [train(c, d, progress=c.progress, tx=tx) for c, d in zip(configs, run_dirs)]
+  train_clock = Stopwatch()
+  with train_clock.stage('train'):
+    if vmapped:
+      trained = train_seeds(configs, run_dirs, progress=configs[0].progress, tx=tx)
+    else:
+      trained = [train(c, d, progress=c.progress, tx=tx) for c, d in zip(configs, run_dirs)]
   # Per run: its share of a program that trained them all at once.
-  train_seconds = (time.perf_counter() - start) / len(configs)
+  train_times = train_clock.breakdown(share=len(configs))
   for config, run_dir, (model, _) in zip(configs, run_dirs, trained):
     if on_trained:
       on_trained(model, config, run_dir)
@@ -112,28 +118,34 @@ def _train_and_evaluate(configs, run_dirs, tx, on_trained, log, *, vmapped) -> l
     names = ', '.join(run_dirs[i] for i in group)
     if log:
       log(f'evaluating {names} at {len(eval_lengths(configs[group[0]]))} lengths')
-    start = time.perf_counter()
+    clock = Stopwatch()
     with stage(f'during the evaluation of {names} (training finished, final checkpoints '
                'saved)'):
       group_rows, timings = _evaluate([trained[i][0] for i in group],
-                                      [configs[i] for i in group])
-    eval_seconds = (time.perf_counter() - start) / len(group)
+                                      [configs[i] for i in group], clock)
+    times = dict(train_times, **clock.breakdown(share=len(group)))
     for i, rows in zip(group, group_rows):
-      _write_run(configs[i], run_dirs[i], rows, trained[i][1], train_seconds, eval_seconds,
+      _write_run(configs[i], run_dirs[i], rows, trained[i][1], times,
                  {k: v / len(group) for k, v in timings.items()},
                  len(configs) if vmapped else 1)
       out[i] = rows
   return out
 
 
-def _write_run(config, run_dir, rows, last, train_seconds, eval_seconds, timings,
-               trained_with) -> None:
-  """results.csv and run.json of one evaluated run, atomically."""
-  info = dict(train_seconds=train_seconds, trained_with_seeds=trained_with,
+def _write_run(config, run_dir, rows, last, times, timings, trained_with) -> None:
+  """results.csv and run.json of one evaluated run, atomically. `times`:
+  this run's share of the seconds per stage (`Stopwatch.breakdown`: train,
+  evaluation, generation, each with its XLA compile time), `timings` per
+  evaluation variant."""
+  times = dict(times)
+  info = dict(train_seconds=times['train'], trained_with_seeds=trained_with,
               final_train_metrics=last)
   if not last:  # nothing trained this time: keep what the training run recorded
     info.update(_read_json(os.path.join(run_dir, 'run.json'), info))
-  info.update(eval_seconds=eval_seconds, eval_breakdown=timings, config=config.to_dict(),
+    old = info.pop('time_breakdown', {})
+    times.update({k: old[k] for k in ('train', 'train_compile') if k in old})
+  info.update(eval_seconds=times.get('evaluation', 0.0) + times.get('generation', 0.0),
+              time_breakdown=times, eval_breakdown=timings, config=config.to_dict(),
               evaluation=identity.evaluation_fields(config))
   # results.csv first: a stop in between leaves an old run.json, which
   # means "evaluate again", never stale results taken as current.
@@ -145,16 +157,17 @@ def _read_json(path: str, default: dict) -> dict:
   try:
     with open(path) as f:
       old = json.load(f)
-    return {k: old[k] for k in ('train_seconds', 'trained_with_seeds', 'final_train_metrics')
-            if k in old}
+    return {k: old[k] for k in ('train_seconds', 'trained_with_seeds', 'final_train_metrics',
+                                'time_breakdown') if k in old}
   except (OSError, ValueError):
     return default
 
 
-def _evaluate(trained: list, configs: list) -> tuple[list[list[dict]], dict]:
+def _evaluate(trained: list, configs: list, clock: Stopwatch) -> tuple[list[list[dict]], dict]:
   """Result rows of each trained model (the seeds of one setup: `configs`
   equal but for the seed) for every evaluation variant and length, and the
-  seconds each variant took (generation scoring is part of the first)."""
+  seconds each variant took (generation scoring is part of the first);
+  `clock` gets the evaluation and generation stages."""
   config = configs[0]
   is_transformer = config.model.kind == 'transformer'
   max_position = (models.randomized_max_position(config)
@@ -173,7 +186,7 @@ def _evaluate(trained: list, configs: list) -> tuple[list[list[dict]], dict]:
           train_max=config.task.train_max_length, num_samples=config.eval.num_samples,
           vocab_size=config.task.vocab_size, eval_seed=config.eval.seed,
           batch_size=config.eval.batch_size, max_position=max_position,
-          draw=config.positions.draw, generate=generate)
+          draw=config.positions.draw, generate=generate, clock=clock)
     timings[label + (' (with generation)' if generate else '')] = time.perf_counter() - start
     for model_rows, c, per_length in zip(rows, configs, per_model):
       model_rows += [dict(task=c.task.name, encoding=label, seed=c.train.seed,
@@ -264,30 +277,40 @@ def run_study(config: ml_collections.ConfigDict, workdir: str,
     rows, start = [], time.perf_counter()
     tx = shared_optimizer(config.train)  # one object: runs share compilations
     numbered = list(enumerate(zip(runs, dirs), 1))
+    jobs = []  # (setup's runs still to do), in sweep order
     for group in _setups(numbered):
       todo = []
       for i, (c, run_dir) in group:
-        name = f'{c.task.name} {run_label(c)} seed {c.train.seed}'
-        raise_if_stopped(f'before {name} (runs before it are finished)')
         done = identity.evaluated_rows(run_dir, c)
         if done is None:
           todo.append((i, c, run_dir))
           continue
         rows += done
-        log(f'[{i}/{len(runs)}] {name}: finished earlier, reused')
-      if not todo:
-        continue
-      first = f'[{todo[0][0]}/{len(runs)}]'
+        log(f'[{i}/{len(runs)}] {c.task.name} {run_label(c)} seed {c.train.seed}: '
+            'finished earlier, reused')
+      if todo:
+        jobs.append(todo)
+    lock = threading.Lock()  # on_trained may draw (matplotlib is not thread-safe)
+    callback = on_trained and (lambda *a: locked(lock, on_trained, *a))
+
+    def run_setup(todo):
+      i, c, _ = todo[0]
+      raise_if_stopped(f'before {c.task.name} {run_label(c)} (runs before it are finished '
+                       'or running)')
+      first = f'[{i}/{len(runs)}]'
       vmapped = config.study.vmap_seeds and len(todo) > 1
       if vmapped:
         log(f'{first} training seeds {[c.train.seed for _, c, _ in todo]} of '
-            f'{todo[0][1].task.name} {run_label(todo[0][1])} in one program')
+            f'{c.task.name} {run_label(c)} in one program')
       group_rows = _train_and_evaluate(
-          [c for _, c, _ in todo], [d for _, _, d in todo], tx, on_trained,
+          [c for _, c, _ in todo], [d for _, _, d in todo], tx, callback,
           lambda m, p=first: log(f'{p} {m}'), vmapped=vmapped)
       for (i, c, run_dir), run_rows in zip(todo, group_rows):
-        rows += run_rows
         _log_run(log, f'[{i}/{len(runs)}]', c, run_dir, run_rows, workdir, start)
+      return group_rows
+
+    for group_rows in side_by_side(run_setup, jobs, config.study.get('parallel_setups', 1)):
+      rows += [r for run_rows in group_rows for r in run_rows]
     extra, coverage = _other_runs(workdir, config, dirs)
     rows += extra
     with stage('while writing the study outputs'):
@@ -315,7 +338,7 @@ def _log_run(log, prefix, c, run_dir, run_rows, workdir, start) -> None:
   in_range = [r['token_accuracy'] for r in own if r['length'] <= c.task.train_max_length]
   where = '' if run_dir == run_directory(workdir, c) else f' ({run_dir})'
   log(f'{prefix} {c.task.name} {run_label(c)} seed {c.train.seed}{where}: '
-      f"train {info['train_seconds']:.0f}s, eval {info['eval_seconds']:.0f}s, "
+      f'{describe(info)}, '
       f'token accuracy in training range {100 * sum(in_range) / len(in_range):.1f}%, '
       f"at {own[-1]['length']}: {100 * own[-1]['token_accuracy']:.1f}% "
       f'({time.perf_counter() - start:.0f}s so far)')

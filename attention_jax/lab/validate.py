@@ -155,6 +155,7 @@ def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -
   if study:
     _require(len(config.study.seeds) >= 1, 'study.seeds is empty.')
   _check_names((config.study.get('on_mismatch', 'error'),), ON_MISMATCH, 'study.on_mismatch')
+  _check_positive(config.study, [k for k in ('parallel_setups',) if k in config.study], 'study')
   if 'transformer' not in kinds:
     return  # the remaining checks concern transformers only
 

@@ -205,9 +205,13 @@ class MultiHeadAttention(nnx.Module):
     return self.W_O(result)
 
   def init_cache(self, batch_size: int, cache_size: int, dtype=jnp.float32) -> dict:
-    """An empty cache for `extend`: key/value `[B, cache_size, H_kv, D]`
-    (rotated keys when the encoding rotates) and their int32 positions `[B, cache_size]`."""
-    shape = (batch_size, cache_size, self.num_kv_heads, self.head_dim)
+    """An empty cache for `extend`: key/value `[B, H_kv, cache_size, D]`
+    (rotated keys when the encoding rotates) and their int32 positions `[B, cache_size]`.
+
+    Heads before slots: the layout the score and output contractions read,
+    so a decoding step does not transpose the whole cache (it did, costing
+    more than the step's arithmetic, in the [B, T, H, D] order)."""
+    shape = (batch_size, self.num_kv_heads, cache_size, self.head_dim)
     return dict(key=jnp.zeros(shape, dtype), value=jnp.zeros(shape, dtype),
                 positions=jnp.zeros((batch_size, cache_size), jnp.int32))
 
@@ -229,7 +233,7 @@ class MultiHeadAttention(nnx.Module):
     Returns:
       `(out [B, S, d_model], cache)` with the new keys, values and positions.
     """
-    check_cache_slots(start, x.shape[1], cache['key'].shape[1])
+    check_cache_slots(start, x.shape[1], cache['key'].shape[2])
     return self._extend(x, cache, start, positions=positions)
 
   def _extend(self, x, cache, start, *, positions=None):
@@ -237,7 +241,7 @@ class MultiHeadAttention(nnx.Module):
     if not self.causal:
       raise ValueError('extend (cached decoding) is causal attention, but this module '
                        'has causal=False.')
-    (b, s_len, _), t_max = x.shape, cache['key'].shape[1]
+    (b, s_len, _), t_max = x.shape, cache['key'].shape[2]
     slots = start + jnp.arange(s_len, dtype=jnp.int32)
     if positions is None:
       positions = slots
@@ -247,10 +251,12 @@ class MultiHeadAttention(nnx.Module):
     if self.ssmax_scale is not None:  # slot i sees slots 0 … i (and the window)
       n = visible_keys(slots, t_max, causal=True, window=self.sliding_window)
       q = scalable_softmax_queries(q, self.ssmax_scale[...], n)
-    write = lambda buf, new: jax.lax.dynamic_update_slice_in_dim(
-        buf, new.astype(buf.dtype), start, axis=1)
-    cache = dict(key=write(cache['key'], k), value=write(cache['value'], v),
-                 positions=write(cache['positions'], positions))
+    write = lambda buf, new, axis: jax.lax.dynamic_update_slice_in_dim(
+        buf, new.astype(buf.dtype), start, axis=axis)
+    heads_first = lambda a: jnp.swapaxes(a, 1, 2)  # [B, S, H, D] <-> [B, H, S, D]
+    cache = dict(key=write(cache['key'], heads_first(k), 2),
+                 value=write(cache['value'], heads_first(v), 2),
+                 positions=write(cache['positions'], positions, 1))
     keys = jnp.arange(t_max)[None, :]
     mask = keys <= slots[:, None]  # causal; also hides the slots not yet written
     if self.sliding_window is not None:
@@ -259,7 +265,8 @@ class MultiHeadAttention(nnx.Module):
     # are one token (or a prompt), cheap on the other kernels.
     implementation = 'auto' if self.implementation == 'chunked' else self.implementation
     out = scaled_dot_product_attention(
-        q, cache['key'].astype(q.dtype), cache['value'].astype(v.dtype), mask=mask,
+        q, heads_first(cache['key']).astype(q.dtype), heads_first(cache['value']).astype(v.dtype),
+        mask=mask,
         score_bias=self.positional.score_bias(positions, cache['positions']),
         implementation=implementation)
     return self.W_O(out), cache

@@ -123,7 +123,7 @@ class TransformerLM(nnx.Module):
     """Cached decoding: tokens int `[B, S]` at slots `start … start+S-1`
     (positions default to the slots) -> (logits float32 `[B, S, V]`, cache).
     Logits equal those of the full causal pass at the same positions."""
-    check_cache_slots(start, tokens.shape[1], cache[0]['key'].shape[1])  # once, not per layer
+    check_cache_slots(start, tokens.shape[1], cache[0]['key'].shape[2])  # once, not per layer
     return self._extend(tokens, cache, start, positions=positions)
 
   def _extend(self, tokens, cache, start, *, positions=None):
@@ -141,33 +141,47 @@ class TransformerLM(nnx.Module):
 
 def greedy_predictions(model: TransformerLM, inputs: jax.Array,
                        prompt_lengths: jax.Array,
-                       positions: Optional[jax.Array] = None) -> jax.Array:
-  """Greedy decoding, one token per step through `model.extend`.
+                       positions: Optional[jax.Array] = None, *,
+                       stop: Optional[jax.Array] = None) -> jax.Array:
+  """Greedy decoding through `model.extend`, rows with their own prompt lengths.
 
-  Step t feeds `inputs[:, t]` while t < prompt_lengths (int `[B]`), else the
-  prediction of step t-1, and predicts token t+1. Returns int32 `[B, T]`;
+  Position t reads `inputs[:, t]` while t < prompt_lengths (int `[B]`), else
+  the prediction at t-1, and predicts token t+1. Returns int32 `[B, T]`;
   under teacher forcing the same predictions would come from `model(inputs)`
   wherever every earlier prediction was right.
+
+  The prompt part all rows share is read in one pass (prefill); only the
+  rest is decoded token by token, up to `stop` (int, may be traced; default
+  T): positions from `stop` on are left 0, for callers that know where every
+  row ends.
   """
   b, t = inputs.shape
-  graphdef, state = nnx.split(model)  # a pure scan body: merge inside
   if positions is not None:
     positions = jnp.broadcast_to(jnp.asarray(positions, jnp.int32), (b, t))
+  # Prefill with every token: slots past a row's prompt hold teacher-forced
+  # keys until decoding rewrites them, and `extend`'s causal mask hides every
+  # slot past the query, so none is read before it is rewritten.
+  logits, cache = model._extend(inputs, model.init_cache(b, t), 0,  # pylint: disable=protected-access
+                                positions=positions)
+  predictions = jnp.argmax(logits, -1).astype(jnp.int32)
+  first = jnp.clip(jnp.min(prompt_lengths) - 1, 0, t)
+  stop = t if stop is None else jnp.clip(stop, first, t)
+  graphdef, state = nnx.split(model)  # a pure loop body: merge inside
 
-  def step(carry, i):
-    cache, previous = carry
+  def step(i, carry):
+    cache, predictions = carry
+    previous = jax.lax.dynamic_index_in_dim(predictions, jnp.maximum(i - 1, 0), 1, False)
     token = jnp.where(i < prompt_lengths, inputs[:, i], previous)
     pos = None if positions is None else jax.lax.dynamic_slice_in_dim(positions, i, 1, 1)
     # Slot i of a cache of t slots, i < t: in range by construction, so no
     # run-time check (a host callback per step and layer) in this loop.
     logits, cache = nnx.merge(graphdef, state)._extend(  # pylint: disable=protected-access
         token[:, None], cache, i, positions=pos)
-    prediction = jnp.argmax(logits[:, 0], -1).astype(jnp.int32)
-    return (cache, prediction), prediction
+    prediction = jnp.argmax(logits, -1).astype(jnp.int32)
+    return cache, jax.lax.dynamic_update_slice_in_dim(predictions, prediction, i, 1)
 
-  init = (model.init_cache(b, t), jnp.zeros((b,), jnp.int32))
-  _, predictions = jax.lax.scan(step, init, jnp.arange(t, dtype=jnp.int32))
-  return predictions.T
+  _, predictions = jax.lax.fori_loop(first, stop, step, (cache, predictions))
+  return jnp.where(jnp.arange(t) < stop, predictions, 0)
 
 
 def generate(model: TransformerLM, prompt: jax.Array, num_tokens: int, *,

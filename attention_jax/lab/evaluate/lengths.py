@@ -21,7 +21,7 @@ the two verdicts agree, checks the cached decoding path against it.
 
 import functools
 import math
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -31,18 +31,21 @@ from flax import nnx
 from attention_jax.lab import models
 from attention_jax.lab import tasks
 from attention_jax.lab.scoring import prediction_metrics
+from attention_jax.lab.timing import Stopwatch
 from attention_jax.lab.train.interrupt import raise_if_stopped
 
 
 def default_eval_lengths(train_max: int, eval_max: int) -> list[int]:
-  """Every length up to `train_max`, then a grid that gets sparser with
-  distance (steps of train_max/4 to 2x, /2 to 4x, 1x to 8x, 2x beyond), always
-  including 2x, 4x, 8x train_max (when <= eval_max) and `eval_max` itself."""
+  """Every length up to `train_max`, then 1.25x, 1.5x and a grid that doubles
+  in two steps (2x, 3x, 4x, 6x, 8x, 12x, … train_max), up to and including
+  `eval_max`: every checkpoint the study reports (1.25x, 2x, 4x, 8x), and
+  few lengths per power of two, each costing an evaluation and a generation."""
   lengths = set(range(1, min(train_max, eval_max) + 1))
-  multiple = 1.0
-  while multiple * train_max < eval_max:
-    multiple += 0.25 if multiple < 2 else 0.5 if multiple < 4 else 1.0 if multiple < 8 else 2.0
-    lengths.add(min(eval_max, int(round(multiple * train_max))))
+  multiples, power = [1.25, 1.5], 2
+  while power * train_max < eval_max:
+    multiples += [power, 1.5 * power]
+    power *= 2
+  lengths.update(min(eval_max, int(round(m * train_max))) for m in multiples)
   lengths.add(eval_max)
   return sorted(lengths)
 
@@ -68,7 +71,7 @@ def _evaluate_batch(state, key, n, *, graphdef, task: tasks.Task, bucket: int,
                     num_samples: int, vocab_size: int, max_position: int = 0,
                     draw: str = 'per_example', generate: bool = False,
                     stacked: bool = False) -> dict[str, jax.Array]:
-  """`_metrics`, or with `stacked` the metrics `[S]` of S models whose
+  """`_metrics`, or with `stacked` the metrics `[S, ...]` of S models whose
   states are stacked on a leading axis, on the same batch, in one program."""
   metrics = functools.partial(
       _metrics, key=key, n=n, graphdef=graphdef, task=task, bucket=bucket,
@@ -81,25 +84,22 @@ def _metrics(state, *, key, n, graphdef, task, bucket, num_samples, vocab_size,
              max_position, draw, generate) -> dict[str, jax.Array]:
   """Metrics on `num_samples` sequences of input length `n` (traced) padded
   to `bucket`: one compilation per bucket, shared by models of one shape.
-  Predictions are `models.predict_batch`'s: teacher-forced argmax for the
-  transformer, greedy decoding for seq2seq models; with `generate`, also
-  `models.generate_batch`'s. `max_position` > 0: randomized positions."""
+  Without `generate`: `models.predict_batch`'s accuracies (teacher-forced
+  argmax for the transformer, greedy decoding for seq2seq models) and
+  `exact`, bool `[num_samples]`; with it, only `exact` of
+  `models.generate_batch`'s predictions (a program of its own, so its time
+  is its own). `max_position` > 0: randomized positions."""
   model = nnx.merge(graphdef, state)
   lengths = jnp.full((num_samples,), n, jnp.int32)
   batch = tasks.LAYOUTS[models.batch_layout(model)](
       task, key, lengths, vocab_size=vocab_size, max_input_length=bucket)
   if max_position:
     batch = tasks.with_random_positions(batch, jax.random.fold_in(key, 2), max_position, draw)
-  predictions = models.predict_batch(model, batch)
-  metrics = prediction_metrics(predictions, batch)
   if generate:
-    generated = prediction_metrics(models.generate_batch(model, batch), batch,
-                                   per_example=True)
-    metrics['generated_exact_match'] = jnp.mean(generated['exact'].astype(jnp.float32))
-    teacher = prediction_metrics(predictions, batch, per_example=True)
-    metrics['generation_agreement'] = jnp.mean(
-        (generated['exact'] == teacher['exact']).astype(jnp.float32))
-  return metrics
+    return prediction_metrics(models.generate_batch(model, batch), batch, per_example=True)
+  predictions = models.predict_batch(model, batch)
+  return dict(prediction_metrics(predictions, batch),
+              **prediction_metrics(predictions, batch, per_example=True))
 
 
 def evaluate_lengths(model: nnx.Module, task: tasks.Task, lengths: Iterable[int],
@@ -116,11 +116,14 @@ def evaluate_models(trained: list[nnx.Module], task: tasks.Task, lengths: Iterab
                     train_max: int, num_samples: int, vocab_size: int,
                     eval_seed: int = 12345, batch_size: int = 256,
                     max_position: int = 0, draw: str = 'per_example',
-                    generate: bool = False) -> list[list[dict]]:
+                    generate: bool = False,
+                    clock: Optional[Stopwatch] = None) -> list[list[dict]]:
   """`evaluate_lengths`' rows for each of several models of one
   architecture (e.g. the seeds of one setup), all on the same sequences:
   their states stacked and the evaluation `jax.vmap`-ed over them, one
-  program per bucket for all of them."""
+  program per bucket for all of them. `clock`: its stages 'evaluation' and
+  'generation' get the time of each."""
+  clock = clock or Stopwatch()
   stacked = len(trained) > 1
   splits = [nnx.split(m) for m in trained]
   graphdef = splits[0][0]
@@ -129,18 +132,29 @@ def evaluate_models(trained: list[nnx.Module], task: tasks.Task, lengths: Iterab
   rows = [[] for _ in trained]
   batch_size = min(batch_size, num_samples)
   num_batches = math.ceil(num_samples / batch_size)
+  per_model = (lambda r, i: r[i]) if stacked else (lambda r, i: r)
   for bucket, bucket_lengths in buckets(sorted(lengths), train_max).items():
     eval_fn = functools.partial(_evaluate_batch, graphdef=graphdef, task=task,
                                 bucket=bucket, num_samples=batch_size,
                                 vocab_size=vocab_size, max_position=max_position, draw=draw,
-                                generate=generate, stacked=stacked)
+                                stacked=stacked)
     for n in bucket_lengths:
       raise_if_stopped()  # a stop request during evaluation, between lengths
       keys = jax.random.split(jax.random.fold_in(jax.random.key(eval_seed), n), num_batches)
-      results = jax.device_get([eval_fn(state, key, jnp.int32(n)) for key in keys])
-      # Every batch has the same number of sequences and of output tokens.
+      with clock.stage('evaluation'):
+        results = jax.device_get([eval_fn(state, key, jnp.int32(n)) for key in keys])
+      if generate:
+        with clock.stage('generation'):
+          generated = jax.device_get([eval_fn(state, key, jnp.int32(n), generate=True)
+                                      for key in keys])
       for i, model_rows in enumerate(rows):
-        model_rows.append(dict(length=n, **{
-            k: float(np.mean([r[k][i] if stacked else r[k] for r in results]))
-            for k in results[0]}))
+        # Every batch has the same number of sequences and of output tokens.
+        row = dict(length=n, **{k: float(np.mean([per_model(r[k], i) for r in results]))
+                                for k in ('token_accuracy', 'exact_match')})
+        if generate:
+          teacher = np.concatenate([per_model(r['exact'], i) for r in results])
+          greedy = np.concatenate([per_model(r['exact'], i) for r in generated])
+          row.update(generated_exact_match=float(np.mean(greedy)),
+                     generation_agreement=float(np.mean(greedy == teacher)))
+        model_rows.append(row)
   return rows

@@ -9,14 +9,33 @@ truncated file: a full disk, a copy cut short) is reported by path and
 skipped for the newest one that reads back.
 """
 
+import functools
 import os
 import shutil
+import threading
 from typing import Optional
 
 import jax
 import orbax.checkpoint as ocp
 from absl import logging
 from flax import nnx
+
+
+# Orbax keeps process-wide state for a save in flight (operation ids, the
+# signals between a save and its commit thread): two threads' managers saving
+# at once (a study's setups side by side) wait on each other's signals and
+# time out. Every orbax call of this module holds this lock, and saves are
+# synchronous, so a save is complete when the lock is released; the state is
+# a few MB, a fraction of a second per save.
+_ORBAX = threading.Lock()
+
+
+def _one_at_a_time(method):
+  @functools.wraps(method)
+  def locked(*args, **kwargs):
+    with _ORBAX:
+      return method(*args, **kwargs)
+  return locked
 
 
 def _first_line(error: Exception) -> str:
@@ -27,12 +46,15 @@ def _first_line(error: Exception) -> str:
 class Checkpointer:
   """Saves every `every` steps (and on demand), keeps the newest `keep`."""
 
+  @_one_at_a_time
   def __init__(self, directory: str, *, every: int, keep: int):
     self.every = every
     self.directory = os.path.abspath(directory)
     self.manager = ocp.CheckpointManager(
-        self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
+        self.directory, options=ocp.CheckpointManagerOptions(
+            max_to_keep=keep, create=True, enable_async_checkpointing=False))
 
+  @_one_at_a_time
   def restore_latest(self, state: nnx.State, *, set_aside: bool = True
                      ) -> tuple[nnx.State, int]:
     """`(state, step)` from the newest checkpoint that reads back, or
@@ -77,6 +99,10 @@ class Checkpointer:
 
   def maybe_save(self, step: int, state: nnx.State, *, force: bool = False) -> bool:
     """Saves the state reached after `step` steps if due (or `force`)."""
+    with _ORBAX:
+      return self._maybe_save(step, state, force)
+
+  def _maybe_save(self, step, state, force) -> bool:
     if not force and step % self.every:
       return False
     if self.manager.latest_step() == step:
@@ -89,7 +115,8 @@ class Checkpointer:
 
   def close(self, state: Optional[nnx.State] = None, step: Optional[int] = None) -> None:
     """Waits for pending saves (saving `state` at `step` first, if given)."""
-    if state is not None:
-      self.maybe_save(step, state, force=True)
-    self.manager.wait_until_finished()
-    self.manager.close()
+    with _ORBAX:
+      if state is not None:
+        self._maybe_save(step, state, True)
+      self.manager.wait_until_finished()
+      self.manager.close()

@@ -30,9 +30,11 @@ class TrainingInterrupted(Exception):
 
 
 _RESUME = 'run the same command again to resume.'
-# The flag of the outermost scope (None outside any scope) and what the job is
-# doing, for the message of a stop outside the training loop.
-_active = types.SimpleNamespace(flag=None, stage='while working')
+# The flag of the outermost scope (None outside any scope), shared by the
+# threads of a study that runs setups side by side.
+_active = types.SimpleNamespace(flag=None)
+# What each thread is doing, for the message of a stop outside the training loop.
+_stages = threading.local()
 
 
 @contextlib.contextmanager
@@ -77,11 +79,15 @@ def stop_requests():
 def stage(description: str):
   """Names what the job does meanwhile ('during the evaluation of …'), for
   the message of a stop `raise_if_stopped` honours."""
-  previous, _active.stage = _active.stage, description
+  previous, _stages.description = _current_stage(), description
   try:
     yield
   finally:
-    _active.stage = previous
+    _stages.description = previous
+
+
+def _current_stage() -> str:
+  return getattr(_stages, 'description', 'while working')
 
 
 def stop_signal() -> Optional[int]:
@@ -95,4 +101,4 @@ def raise_if_stopped(where: Optional[str] = None) -> None:
   signum = stop_signal()
   if signum:
     raise TrainingInterrupted(
-        f'stopped by signal {signum} {where or _active.stage}; {_RESUME}', signum)
+        f'stopped by signal {signum} {where or _current_stage()}; {_RESUME}', signum)

@@ -157,8 +157,10 @@ def _train(configs, workdirs, *, progress, tx, vmapped=False):
   writers = [MetricsWriter(w, start_step=start, tensorboard=t_cfg.tensorboard,
                            config_json=c.to_json_best_effort(indent=1, sort_keys=True))
              for c, w in zip(configs, workdirs)]
+  # Named by the run ('copy/rope'): a study may show two setups' bars at once.
+  desc = '/'.join((workdirs[0] or '').rstrip(os.sep).split(os.sep)[-3:-1]) or None
   bar = tqdm.tqdm(total=t_cfg.num_steps, initial=start, unit='step', dynamic_ncols=True,
-                  leave=False, disable=not progress or jax.process_index() != 0)
+                  leave=False, desc=desc, disable=not progress or jax.process_index() != 0)
   pending, last, clock = [], [{}] * num_seeds, (time.perf_counter(), start)
 
   def save(done, force=False):
