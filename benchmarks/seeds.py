@@ -13,19 +13,23 @@ A B C … --repeats times after a warm-up (compilation excluded):
   vmapped        all S seeds' states stacked on a leading axis, one program
                  (`step_function(vmap_seeds=True)`), each seed on its own
                  (seed, step) batch stream
+  vmapped, 2 setups side by side
+                 two such programs (seeds 0…S-1 and S…2S-1) in two threads at
+                 once, as `study.parallel_setups=2` runs two setups: 2S seeds
   pytorch-eager  PyTorch's twin of the model (benchmarks/train_step.py),
                  seed after seed, forward, backward, clip, AdamW per step
 
-Tokens/s are summed over seeds. Before timing, the vmapped program's first
-call is checked against the sequential one seed by seed (losses equal to
-1e-5). With --paper, also the `paper` preset (5 layers, batch 128, training
-inputs 1–40) with 10 seeds stacked: bytes of the stacked training state,
-XLA's FLOP count of one vmapped step and a measured CPU step time, from which
-its runtime on an accelerator can be estimated.
-Writes seeds.json and seeds.md into --out.
+Tokens/s are summed over seeds; the last column compares them. Before timing,
+the vmapped program's first call is checked against the sequential one seed by
+seed (losses equal to 1e-5). With --paper, also the `paper` preset (5 layers,
+batch 128, training inputs 1–40) with 10 seeds stacked: bytes of the stacked
+training state, XLA's FLOP count of one vmapped step and a measured CPU step
+time, from which its runtime on an accelerator can be estimated. Writes
+seeds.json and seeds.md into --out.
 """
 
 import statistics
+import threading
 import time
 
 import jax
@@ -90,7 +94,10 @@ def _time_setup(config, num_seeds, steps):
   np.testing.assert_allclose(np.stack([m['loss'] for m in seq_metrics], -1),
                              vm_metrics['loss'], rtol=1e-5)
 
-  holder = dict(seq=list(states), vm=_stack(states))
+  # A second setup of the same shape (seeds S … 2S-1), for the side-by-side row.
+  _, other = _states(config, [seed + num_seeds for seed in seeds], tx)
+  other_seeds = seed_array + num_seeds
+  holder = dict(seq=list(states), vm=_stack(states), pair=[_stack(states), _stack(other)])
 
   def sequential():
     for i in seeds:
@@ -106,9 +113,24 @@ def _time_setup(config, num_seeds, steps):
       s, _ = vmapped(s, np.int32(step), seed_array)
     holder['vm'] = jax.block_until_ready(s)
 
-  rows = {'sequential': sequential, 'vmapped': vmapped_run}
+  def side_by_side():
+    def run(j, seed_arg):
+      s = holder['pair'][j]
+      for step in range(0, steps, _PER_CALL):
+        s, _ = vmapped(s, np.int32(step), seed_arg)
+      holder['pair'][j] = jax.block_until_ready(s)
+    threads = [threading.Thread(target=run, args=a)
+               for a in ((0, seed_array), (1, other_seeds))]
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join()
+
+  # name -> (function, seeds it trains)
+  rows = {'sequential': (sequential, num_seeds), 'vmapped': (vmapped_run, num_seeds),
+          'vmapped, 2 setups side by side': (side_by_side, 2 * num_seeds)}
   if _PYTORCH.value:
-    rows['pytorch-eager'] = _pytorch_rows(config, seeds, steps)
+    rows['pytorch-eager'] = (_pytorch_rows(config, seeds, steps), num_seeds)
   return rows
 
 
@@ -183,27 +205,27 @@ def main(argv):
   results = []
   for num_seeds in (int(s) for s in _SEEDS.value):
     fns = _time_setup(config, num_seeds, steps)
-    for fn in fns.values():
+    for fn, _ in fns.values():
       fn()  # warm-up: compile, allocate
     times = {name: [] for name in fns}
     for _ in range(_REPEATS.value):
-      for name, fn in fns.items():
+      for name, (fn, _) in fns.items():
         start = time.perf_counter()
         fn()
         times[name].append(time.perf_counter() - start)
-    base = statistics.median(times['sequential'])
+    rate = {name: fns[name][1] * steps * tokens_per_step / statistics.median(ts)
+            for name, ts in times.items()}
     for name, ts in times.items():
-      med = statistics.median(ts)
-      results.append(dict(seeds=num_seeds, impl=name, median_s=med, min_s=min(ts),
-                          max_s=max(ts), tokens_per_s=num_seeds * steps * tokens_per_step / med,
-                          speedup_vs_sequential=base / med))
+      results.append(dict(seeds=fns[name][1], impl=name, median_s=statistics.median(ts),
+                          min_s=min(ts), max_s=max(ts), tokens_per_s=rate[name],
+                          speedup_vs_sequential=rate[name] / rate['sequential']))
   lines = [f'Training throughput, configs/copy.py default model ({config.model.encoding}, '
            f'd_model {config.model.d_model}, {config.model.num_layers} layers, batch '
            f'{config.train.batch_size}); {steps} steps per seed per timing, median of '
            f'{_REPEATS.value} interleaved repeats after a warm-up; backend '
            f'{jax.default_backend()}, {jax.device_count()} device(s).', '',
            '| seeds | implementation | s per timing, median (min–max) | tokens/s, all seeds '
-           '| speed-up vs sequential |', '|---|---|---|---|---|']
+           '| throughput vs sequential |', '|---|---|---|---|---|']
   for r in results:
     lines.append(f"| {r['seeds']} | {r['impl']} | {r['median_s']:.2f} ({r['min_s']:.2f}–"
                  f"{r['max_s']:.2f}) | {r['tokens_per_s']:,.0f} | "
