@@ -159,6 +159,7 @@ class ConfigValidationTest(parameterized.TestCase):
        r"model.max_positions=12 is too short for 'learned' at eval.max_length=8"),
       ('eval_length', {'eval.lengths': (3, 9)}, r'eval.lengths contains 9'),
       ('batch', {'train.batch_size': 0}, r'train.batch_size=0 must be an integer >= 1'),
+      ('parallel', {'study.parallel_setups': 0}, r'study.parallel_setups=0 must be an integer >= 1'),
       ('odd_rope', {'model.d_model': 6, 'model.num_heads': 2}, r"'rope' needs an even head_dim"),
       ('kind', {'model.kind': 'lstm'}, r"model.kind has 'lstm'; allowed"),
       ('kv_heads', {'model.num_kv_heads': 3},

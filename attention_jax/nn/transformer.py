@@ -208,22 +208,8 @@ def generate(model: TransformerLM, prompt: jax.Array, num_tokens: int, *,
   (b, p), total = prompt.shape, prompt.shape[1] + num_tokens
   if num_tokens == 0:
     return prompt
-  if positions is not None:
-    positions = jnp.broadcast_to(jnp.asarray(positions, jnp.int32), (b, total))
-  logits, cache = model.extend(prompt, model.init_cache(b, total), 0,
-                               positions=None if positions is None else positions[:, :p])
-  first = jnp.argmax(logits[:, -1], -1).astype(jnp.int32)
-  graphdef, state = nnx.split(model)  # a pure scan body: merge inside
-
-  def step(carry, slot):
-    cache, token = carry
-    pos = (None if positions is None
-           else jax.lax.dynamic_slice_in_dim(positions, slot, 1, 1))
-    # Slots P … total-2 of a cache of `total`: in range by construction.
-    logits, cache = nnx.merge(graphdef, state)._extend(  # pylint: disable=protected-access
-        token[:, None], cache, slot, positions=pos)
-    nxt = jnp.argmax(logits[:, 0], -1).astype(jnp.int32)
-    return (cache, nxt), nxt
-
-  _, rest = jax.lax.scan(step, (cache, first), jnp.arange(p, total - 1, dtype=jnp.int32))
-  return jnp.concatenate([prompt, first[:, None], rest.T], axis=1)
+  # Greedy decoding of the prompt padded to `total`: prediction t is token t+1.
+  padded = jnp.concatenate([prompt, jnp.zeros((b, num_tokens), jnp.int32)], axis=1)
+  predictions = greedy_predictions(model, padded, jnp.full((b,), p, jnp.int32), positions,
+                                   stop=total - 1)
+  return jnp.concatenate([prompt, predictions[:, p - 1:total - 1]], axis=1)
