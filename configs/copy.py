@@ -64,7 +64,7 @@ def _parse(arg):
           f'{sorted(preset)}, e.g. configs/copy.py:encoding=rope,size=paper.')
     preset[key] = value
   if preset['size'] not in ('cpu', 'paper', 'tiny', 'generalize', 'all'):
-    raise ValueError(f"size={preset['size']!r}: choose cpu, paper, tiny or generalize.")
+    raise ValueError(f"size={preset['size']!r}: choose cpu, paper, tiny, generalize or all.")
   return preset
 
 

@@ -25,10 +25,19 @@ _OUT = flags.DEFINE_string('out', None, 'Where to write the figures.')
 
 
 def _rows(workdir):
+  """The workdir's results.csv rows; for an interrupted sweep, those of its
+  runs. A run retrained under another config (`--config.study.on_mismatch=
+  retrain` writes `seedN-K` beside `seedN`) holds another model: its rows are
+  labelled `ENCODING (retrain K)`, never averaged with the first ones."""
   path = os.path.join(workdir, 'results.csv')
-  paths = [path] if os.path.exists(path) else sorted(
-      glob.glob(os.path.join(workdir, 'runs', '*', '*', 'seed*', 'results.csv')))
-  return [r for p in paths for r in results.read_rows(p)]
+  if os.path.exists(path):
+    return results.read_rows(path)
+  rows = []
+  for path in sorted(glob.glob(os.path.join(workdir, 'runs', '*', '*', 'seed*', 'results.csv'))):
+    _, _, retrain = os.path.basename(os.path.dirname(path)).partition('-')
+    suffix = f' (retrain {retrain})' if retrain else ''
+    rows += [dict(r, encoding=r['encoding'] + suffix) for r in results.read_rows(path)]
+  return rows
 
 
 def _metric_rows(path):

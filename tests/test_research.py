@@ -213,6 +213,24 @@ class ProcessTest(absltest.TestCase):
     for name in ('extrapolation.png', 'training_curves.png'):
       self.assertGreater(os.path.getsize(os.path.join(out_dir, name)), 10_000, name)
 
+  def test_plot_keeps_a_retrained_sibling_apart(self):
+    from attention_jax.lab import results
+    from experiments import plot
+    workdir = tempfile.mkdtemp()
+    for seed_dir, accuracy in (('seed0', 0.25), ('seed0-2', 0.75), ('seed1', 0.5)):
+      run_dir = os.path.join(workdir, 'runs', 'copy', 'rope', seed_dir)
+      os.makedirs(run_dir)
+      row = dict(task='copy', encoding='rope', seed=int(seed_dir[4]), length=8,
+                 token_accuracy=accuracy, exact_match=accuracy, generated_exact_match='',
+                 generation_agreement='', config_hash='h', version='v')
+      with open(os.path.join(run_dir, 'results.csv'), 'w') as f:
+        f.write(','.join(results.FIELDS) + '\n')
+        f.write(','.join(str(row[k]) for k in results.FIELDS) + '\n')
+    by_label = {}
+    for r in plot._rows(workdir):  # pylint: disable=protected-access
+      by_label.setdefault(r['encoding'], []).append(r['token_accuracy'])
+    self.assertEqual(by_label, {'rope': [0.25, 0.5], 'rope (retrain 2)': [0.75]})
+
   def test_unknown_config_key_is_named(self):
     out = _run(['-m', 'experiments.train', '--config=configs/copy.py:size=tiny',
                 '--config.train.batchsize=4', f'--workdir={tempfile.mkdtemp()}'])
