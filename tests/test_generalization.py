@@ -180,11 +180,18 @@ class CouplingTest(parameterized.TestCase):
         s = pos[1] - 1  # x_1 sits at s + 1
         self.assertGreaterEqual(s, 1)
         np.testing.assert_array_equal(pos[1:n + 1], s + np.arange(1, n + 1))
+        step = -1 if name == 'reverse' else 1  # reading order along x
         for k in range(1, m + 1):
           i = SOURCE[name](n, k)
-          self.assertEqual(pos[n + 1 + k], s + i)  # y_k carries x_i's id …
-          self.assertEqual(tok[n + 1 + k], tok[i])  # … and x_i is what y_k copies
+          self.assertEqual(tok[n + 1 + k], tok[i])  # y_k copies x_i …
+          # … and the token that predicts it (SEP, then y_{k-1}) sits one
+          # step before x_i's id, at every k, so one offset finds the input.
+          self.assertEqual(pos[n + k], s + i - step)
+        self.assertEqual(pos[n + 1 + m], s + SOURCE[name](n, m))  # the last y
         self.assertEqual(pos[n + 1], s if name != 'reverse' else s + n + 1)  # SEP
+        if name != 'duplicate':  # the official rule: y_k carries x_src(k)'s id
+          np.testing.assert_array_equal(
+              pos[n + 2:n + 2 + m], [s + SOURCE[name](n, k) for k in range(1, m + 1)])
         self.assertEqual((pos[0], pos[n + 2 + m]), (0, 0))  # BOS, EOS
         start += n * (1 + task.output_factor) + 3
 
@@ -192,6 +199,12 @@ class CouplingTest(parameterized.TestCase):
     batch = tasks.make_batch(_task('reverse', coupled_max_position=20), jax.random.key(0),
                              jnp.array([3]), vocab_size=5, max_input_length=4)
     np.testing.assert_array_equal(batch['positions'][0], [0, 2, 3, 4, 5, 4, 3, 2, 0, 0])
+
+  def test_duplicate_second_copy_restarts_at_sep(self):
+    # y_3 (the last of the first copy) predicts x_1 again: it takes SEP's id.
+    batch = tasks.make_batch(_task('duplicate', coupled_max_position=20), jax.random.key(0),
+                             jnp.array([3]), vocab_size=5, max_input_length=3)
+    np.testing.assert_array_equal(batch['positions'][0], [0, 2, 3, 4, 1, 2, 3, 1, 2, 3, 4])
 
   def test_config_helpers(self):
     from configs import copy as copy_config

@@ -6,16 +6,24 @@ offset s:
 
     x_i            -> s + i
     y_k = x_src(k) -> s + src(k)        copy: k; reverse: n − k + 1;
-                                         duplicate: (k − 1) mod n + 1
+                                         duplicate: (k − 1) mod n + 1,
+                                         except y_n (below)
     SEP            -> s + 0 when the rule reads x forwards (src(1) = 1),
                       s + n + 1 when it reads backwards (reverse)
     BOS, EOS, PAD  -> 0
 
 `src` is derived from the task's own rule (applied to the index array
-0 … N−1 instead of symbols), so the ids always agree with the rule. SEP, the
-token that predicts y_1, takes the slot "before" the first source in reading
-order, so the query that predicts y_{k+1} sits at a fixed offset (+1 forwards,
-−1 backwards) from the input it must read.
+0 … N−1 instead of symbols), so the ids always agree with the rule. What the
+ids are for is the *query*: the token that predicts y_{k+1} (SEP for y_1,
+y_k after it) sits one step before x_src(k+1) in reading order (−1 forwards,
++1 backwards), so one fixed id offset finds the input to copy at every
+length. We write the rule that way: every output but the last takes the slot
+one step before its successor's source, SEP included. For copy and reverse
+that is exactly "y_k gets x_src(k)'s id". For duplicate it differs at one
+token: y_n, whose successor y_{n+1} reads x_1 again, takes SEP's slot s + 0,
+so the second copy starts as the first did; with y_n at s + n instead, the
+lookup for y_{n+1} would have to jump n − 1 ids back, a distance that grows
+with n and that no window trained on short inputs covers.
 
 This follows the official code (HanseulJo/position-coupling,
 src/data/copy.py, `CopyDatasetWithCoupledPositions`, with
@@ -24,8 +32,8 @@ start+1 … start+n, '=' (our SEP) start and y the ids of the x they copy;
 reverse gives x start … start+n−1, '=' start+n, y reversed. Ours is the same
 up to a shift of the reverse ids by one (ours start at s+1 for every task).
 Their EOS gets id 0 (the padding id, as the position list is one short of
-the tokens): so does ours. Duplicate is not in their code; we derive it the
-same way (SEP before x_1).
+the tokens): so does ours. Duplicate is not in their code; ours is the query
+rule above.
 
 Training draws the offset s uniformly per example from [1, max_position − n − 2]
 (theirs: start from [1, max_position − n]), so every id below `max_position`
@@ -56,11 +64,16 @@ def coupled_positions(task, lengths: jax.Array, total: int, offset: jax.Array) -
   b = lengths.shape[0]
   p = jnp.arange(total, dtype=jnp.int32)[None, :]
   index = jnp.broadcast_to(jnp.arange(max_n, dtype=jnp.int32)[None], (b, max_n))
-  j = jnp.clip(p - n - 2, 0, task.output_factor * max_n - 1)
-  src = task.rule(index, lengths.astype(jnp.int32), jnp.broadcast_to(j, (b, total)))
-  sep_slot = 0 if reads_forward(task) else n + 1
-  slot = jnp.select([p == 0, p <= n, p == n + 1, p < n + 2 + m],
-                    [-1, p, sep_slot, src + 1], -1)
+  last = task.output_factor * max_n - 1
+  src = lambda j: task.rule(index, lengths.astype(jnp.int32),
+                            jnp.broadcast_to(jnp.clip(j, 0, last), (b, total)))
+  step = 1 if reads_forward(task) else -1  # reading order along x
+  # The query rule: slot p's token (SEP, then y_1 …) predicts output q; it
+  # sits one step before the 1-based slot of the input q reads. The last
+  # output predicts EOS and keeps its own source's slot.
+  q = p - n - 1
+  slot = jnp.select([p == 0, p <= n, p < n + 1 + m, p == n + 1 + m],
+                    [-1, p, src(q) + 1 - step, src(q - 1) + 1], -1)
   return jnp.where(slot >= 0, offset.astype(jnp.int32)[:, None] + slot, 0).astype(jnp.int32)
 
 
