@@ -4,6 +4,7 @@ import csv
 import json
 import os
 import tempfile
+import threading
 
 import chex
 import jax
@@ -20,6 +21,9 @@ from attention_jax.lab import tasks
 from attention_jax.lab import train
 from attention_jax.lab.study import run_study
 from attention_jax.lab.timing import Stopwatch
+from attention_jax.lab.timing import side_by_side
+from attention_jax.lab.train.interrupt import TrainingInterrupted
+from attention_jax.lab.train.interrupt import combined
 from attention_jax.lab.validate import validate_config
 from configs import copy as copy_config
 
@@ -94,6 +98,33 @@ class StopwatchTest(absltest.TestCase):
     self.assertBetween(times['first_compile'], 1e-4, times['first'])
     self.assertEqual(times['again_compile'], 0.0)
     self.assertAlmostEqual(times['first'], clock.wall['first'] / 2)
+
+
+class SideBySideTest(absltest.TestCase):
+
+  def test_a_stop_of_two_setups_reports_both(self):
+    both_running = threading.Barrier(2)
+
+    def job(name):
+      both_running.wait(timeout=30)  # as in a real stop: both setups were training
+      raise TrainingInterrupted(f'stopped by signal 2 after step 5 of 9; checkpoint saved in '
+                                f'{name}; run the same command again to resume.', 2)
+    with self.assertRaises(TrainingInterrupted) as caught:
+      side_by_side(job, ['a', 'b'], workers=2, combine=combined)
+    self.assertEqual(caught.exception.args, (
+        'stopped by signal 2 after step 5 of 9; checkpoint saved in a; and stopped by '
+        'signal 2 after step 5 of 9; checkpoint saved in b; run the same command again to '
+        'resume.', 2))
+    self.assertEqual(caught.exception.exit_code, 130)
+
+  def test_other_errors_keep_the_first(self):
+    def job(name):
+      if name == 'a':
+        raise ValueError('a broke')
+      raise TrainingInterrupted('stopped', 15)
+    with self.assertRaisesRegex(ValueError, 'a broke'):
+      side_by_side(job, ['a', 'b'], workers=2, combine=combined)
+    self.assertEqual(side_by_side(str.upper, ['a', 'b', 'c'], workers=2), ['A', 'B', 'C'])
 
 
 class StudyTest(absltest.TestCase):

@@ -38,6 +38,7 @@ from attention_jax.lab.timing import side_by_side
 from attention_jax.lab.train import make_optimizer
 from attention_jax.lab.train import train
 from attention_jax.lab.train import train_seeds
+from attention_jax.lab.train.interrupt import combined
 from attention_jax.lab.train.interrupt import raise_if_stopped
 from attention_jax.lab.train.interrupt import stage
 from attention_jax.lab.train.interrupt import stop_requests
@@ -309,7 +310,8 @@ def run_study(config: ml_collections.ConfigDict, workdir: str,
         _log_run(log, f'[{i}/{len(runs)}]', c, run_dir, run_rows, workdir, start)
       return group_rows
 
-    for group_rows in side_by_side(run_setup, jobs, config.study.get('parallel_setups', 1)):
+    for group_rows in side_by_side(run_setup, jobs, config.study.get('parallel_setups', 1),
+                                   combine=combined):
       rows += [r for run_rows in group_rows for r in run_rows]
     extra, coverage = _other_runs(workdir, config, dirs)
     rows += extra

@@ -71,14 +71,16 @@ def describe(info: dict) -> str:
           + f' (compiling {compiling:.0f}s of them)')
 
 
-def side_by_side(fn, jobs: list, workers: int) -> list:
+def side_by_side(fn, jobs: list, workers: int, combine=None) -> list:
   """`[fn(job) for job in jobs]`, up to `workers` jobs at a time in threads.
 
   XLA runs the programs of two threads at once: on a 2-core CPU one small
   setup's programs leave much of the second core idle, which another
   setup's fill. Each job is one setup, written to its own run directories.
   On an error (or a stop request) no new job starts; the running ones end
-  at their next stop check or finish, and the first error is raised.
+  at their next stop check or finish, and the first error is raised — or,
+  with several and `combine` given, `combine(errors)` (in job order), so
+  that a stop that ended two setups reports both.
   """
   if workers <= 1 or len(jobs) <= 1:
     return [fn(job) for job in jobs]
@@ -88,9 +90,11 @@ def side_by_side(fn, jobs: list, workers: int) -> list:
     for future in futures:
       future.cancel()  # not started yet: never starts
     concurrent.futures.wait(futures)
-  for future in futures:  # the first error in sweep order
-    if not future.cancelled() and future.exception() is not None:
-      raise future.exception()
+  errors = [f.exception() for f in futures if not f.cancelled() and f.exception() is not None]
+  if len(errors) > 1 and combine is not None:
+    raise combine(errors)
+  if errors:  # the first error in sweep order
+    raise errors[0]
   return [future.result() for future in futures]
 
 

@@ -102,3 +102,16 @@ def raise_if_stopped(where: Optional[str] = None) -> None:
   if signum:
     raise TrainingInterrupted(
         f'stopped by signal {signum} {where or _current_stage()}; {_RESUME}', signum)
+
+
+def combined(errors: list) -> Exception:
+  """One error for several jobs that ended at once (setups side by side):
+  when every one is a `TrainingInterrupted`, one with all their messages
+  (each says where its checkpoints are) and the first's signal; else the
+  first error."""
+  if not all(isinstance(e, TrainingInterrupted) for e in errors):
+    return errors[0]
+  tail = f'; {_RESUME}'
+  parts = [e.args[0][:-len(tail)] if e.args[0].endswith(tail) else e.args[0] for e in errors]
+  resume = tail if any(e.args[0].endswith(tail) for e in errors) else ''
+  return TrainingInterrupted('; and '.join(parts) + resume, errors[0].args[1])
