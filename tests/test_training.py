@@ -1,10 +1,12 @@
 """The train step, evaluation and the study, end to end on tiny models."""
 
 import csv
+import gc
 import json
 import os
 import tempfile
 import threading
+import weakref
 
 import chex
 import jax
@@ -75,6 +77,22 @@ class EvaluationTest(absltest.TestCase):
     forward = nnx.jit(lambda model, tokens: model(tokens))
     chex.assert_trees_all_close(forward(model, inputs),
                                 forward(model, padded)[:, :inputs.shape[1]], atol=1e-5)
+
+  def test_a_long_sweep_frees_old_evaluation_programs(self):
+    """Only the latest `PROGRAMS_KEPT` evaluation functions stay alive; an
+    older one is freed with its compiled programs (their code mappings count
+    against vm.max_map_count: keeping all of them crashed a 117-run study)."""
+    from attention_jax.lab.evaluate import lengths  # pylint: disable=g-import-not-at-top
+    graphdef, _ = nnx.split(models.build_model(_tiny(), seed=0))
+    program = lambda bucket: lengths.evaluation_program(
+        graphdef=graphdef, task=tasks.get_task('copy'), bucket=bucket, num_samples=4,
+        vocab_size=4)
+    first = weakref.ref(program(1000))
+    self.assertIs(program(1000), first())  # the lengths of a bucket share one
+    for bucket in range(1001, 1001 + lengths.PROGRAMS_KEPT):
+      program(bucket)
+    gc.collect()
+    self.assertIsNone(first())
 
   def test_default_lengths(self):
     self.assertEqual(evaluate.default_eval_lengths(4, 32),

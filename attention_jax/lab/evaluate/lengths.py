@@ -64,20 +64,36 @@ def buckets(lengths: Sequence[int], train_max: int) -> dict[int, list[int]]:
   return out
 
 
-@functools.partial(jax.jit, static_argnames=(
-    'graphdef', 'task', 'bucket', 'num_samples', 'vocab_size', 'max_position', 'draw',
-    'generate', 'stacked'))
-def _evaluate_batch(state, key, n, *, graphdef, task: tasks.Task, bucket: int,
-                    num_samples: int, vocab_size: int, max_position: int = 0,
-                    draw: str = 'per_example', generate: bool = False,
-                    stacked: bool = False) -> dict[str, jax.Array]:
-  """`_metrics`, or with `stacked` the metrics `[S, ...]` of S models whose
-  states are stacked on a leading axis, on the same batch, in one program."""
-  metrics = functools.partial(
-      _metrics, key=key, n=n, graphdef=graphdef, task=task, bucket=bucket,
-      num_samples=num_samples, vocab_size=vocab_size, max_position=max_position, draw=draw,
-      generate=generate)
-  return jax.vmap(metrics)(state) if stacked else metrics(state)
+# Compiled evaluation programs kept alive at once (the LRU below).
+PROGRAMS_KEPT = 8
+
+
+@functools.lru_cache(maxsize=PROGRAMS_KEPT)
+def evaluation_program(*, graphdef, task: tasks.Task, bucket: int, num_samples: int,
+                       vocab_size: int, max_position: int = 0, draw: str = 'per_example',
+                       generate: bool = False, stacked: bool = False):
+  """`(state, key, n) -> metrics`, jitted: `_metrics`, or with `stacked` the
+  metrics `[S, ...]` of S models whose states are stacked on a leading axis,
+  on the same batch, in one program.
+
+  Memoised on the static arguments, a few at a time: the lengths of a
+  bucket (and the runs of one architecture) share one compilation, and a
+  long sweep does not keep every program it ever compiled. That matters:
+  each compiled program holds memory mappings of its machine code (hundreds
+  for one of these), a process may have at most `vm.max_map_count` (65,530
+  by default on Linux), and keeping them all crashed the 117-run
+  `size=all` study after ~30 setups ("LLVM compilation error: Cannot
+  allocate memory", then a segmentation fault). An evicted function is
+  freed with its programs."""
+
+  def evaluate(state, key, n):
+    metrics = functools.partial(
+        _metrics, key=key, n=n, graphdef=graphdef, task=task, bucket=bucket,
+        num_samples=num_samples, vocab_size=vocab_size, max_position=max_position,
+        draw=draw, generate=generate)
+    return jax.vmap(metrics)(state) if stacked else metrics(state)
+
+  return jax.jit(evaluate)
 
 
 def _metrics(state, *, key, n, graphdef, task, bucket, num_samples, vocab_size,
@@ -134,7 +150,7 @@ def evaluate_models(trained: list[nnx.Module], task: tasks.Task, lengths: Iterab
   num_batches = math.ceil(num_samples / batch_size)
   per_model = (lambda r, i: r[i]) if stacked else (lambda r, i: r)
   for bucket, bucket_lengths in buckets(sorted(lengths), train_max).items():
-    eval_fn = functools.partial(_evaluate_batch, graphdef=graphdef, task=task,
+    eval_fn = functools.partial(evaluation_program, graphdef=graphdef, task=task,
                                 bucket=bucket, num_samples=batch_size,
                                 vocab_size=vocab_size, max_position=max_position, draw=draw,
                                 stacked=stacked)
@@ -142,10 +158,10 @@ def evaluate_models(trained: list[nnx.Module], task: tasks.Task, lengths: Iterab
       raise_if_stopped()  # a stop request during evaluation, between lengths
       keys = jax.random.split(jax.random.fold_in(jax.random.key(eval_seed), n), num_batches)
       with clock.stage('evaluation'):
-        results = jax.device_get([eval_fn(state, key, jnp.int32(n)) for key in keys])
+        results = jax.device_get([eval_fn()(state, key, jnp.int32(n)) for key in keys])
       if generate:
         with clock.stage('generation'):
-          generated = jax.device_get([eval_fn(state, key, jnp.int32(n), generate=True)
+          generated = jax.device_get([eval_fn(generate=True)(state, key, jnp.int32(n))
                                       for key in keys])
       for i, model_rows in enumerate(rows):
         # Every batch has the same number of sequences and of output tokens.

@@ -38,7 +38,7 @@ def train_step(graphdef: nnx.GraphDef, state: nnx.State,
   return nnx.state((model, optimizer)), metrics
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=4)  # a few: see evaluate/lengths.py's evaluation_program
 def step_function(*, graphdef: nnx.GraphDef, task: tasks.Task, batch_size: int,
                   min_length: int, max_length: int, vocab_size: int, layout: str,
                   data_sharding: Optional[jax.sharding.Sharding] = None,
