@@ -36,8 +36,9 @@ One model: `python -m experiments.train --config=configs/copy.py:encoding=rope
               sink at id 0; measured 100.0 ± 0.0% exact match at 4× and at
               8× L_train, 3 seeds, 3 min for the whole study) | all (every
               encoding of ALL_ENCODINGS on copy, reverse and duplicate: 117
-              runs; copy's 39 took 22 min on the 2-core CPU, the whole about
-              75 min by that rate, not yet run to the end)
+              runs, 77 minutes on the 2-core CPU; windowed_rope:coupled
+              100.0 ± 0.0% exact at 4× and 8× on all three tasks; see the
+              README)
 
 Any field can be overridden: `--config.model.num_heads=8`.
 """
