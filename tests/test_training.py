@@ -123,12 +123,18 @@ class SideBySideTest(absltest.TestCase):
   def test_a_stop_of_two_setups_reports_both(self):
     both_running = threading.Barrier(2)
 
+    started = []
+
     def job(name):
+      started.append(name)
+      if name == 'c':  # a freed thread must not start the next setup
+        raise TrainingInterrupted('stopped by signal 2 before c', 2)
       both_running.wait(timeout=30)  # as in a real stop: both setups were training
       raise TrainingInterrupted(f'stopped by signal 2 after step 5 of 9; checkpoint saved in '
                                 f'{name}; run the same command again to resume.', 2)
     with self.assertRaises(TrainingInterrupted) as caught:
-      side_by_side(job, ['a', 'b'], workers=2, combine=combined)
+      side_by_side(job, ['a', 'b', 'c'], workers=2, combine=combined)
+    self.assertCountEqual(started, ['a', 'b'])
     self.assertEqual(caught.exception.args, (
         'stopped by signal 2 after step 5 of 9; checkpoint saved in a; and stopped by '
         'signal 2 after step 5 of 9; checkpoint saved in b; run the same command again to '

@@ -71,6 +71,10 @@ def describe(info: dict) -> str:
           + f' (compiling {compiling:.0f}s of them)')
 
 
+class _NotStarted(Exception):
+  """A job skipped because another had failed."""
+
+
 def side_by_side(fn, jobs: list, workers: int, combine=None) -> list:
   """`[fn(job) for job in jobs]`, up to `workers` jobs at a time in threads.
 
@@ -84,13 +88,25 @@ def side_by_side(fn, jobs: list, workers: int, combine=None) -> list:
   """
   if workers <= 1 or len(jobs) <= 1:
     return [fn(job) for job in jobs]
+  failed = threading.Event()
+
+  def guarded(job):
+    if failed.is_set():  # a thread freed by the failure: start nothing new
+      raise _NotStarted()
+    try:
+      return fn(job)
+    except BaseException:
+      failed.set()  # before this thread takes the next job
+      raise
+
   with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix='setup') as pool:
-    futures = [pool.submit(fn, job) for job in jobs]
+    futures = [pool.submit(guarded, job) for job in jobs]
     concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
     for future in futures:
       future.cancel()  # not started yet: never starts
     concurrent.futures.wait(futures)
-  errors = [f.exception() for f in futures if not f.cancelled() and f.exception() is not None]
+  errors = [f.exception() for f in futures if not f.cancelled()
+            and f.exception() is not None and not isinstance(f.exception(), _NotStarted)]
   if len(errors) > 1 and combine is not None:
     raise combine(errors)
   if errors:  # the first error in sweep order
