@@ -150,19 +150,19 @@ def evaluate_models(trained: list[nnx.Module], task: tasks.Task, lengths: Iterab
   num_batches = math.ceil(num_samples / batch_size)
   per_model = (lambda r, i: r[i]) if stacked else (lambda r, i: r)
   for bucket, bucket_lengths in buckets(sorted(lengths), train_max).items():
-    eval_fn = functools.partial(evaluation_program, graphdef=graphdef, task=task,
+    program = functools.partial(evaluation_program, graphdef=graphdef, task=task,
                                 bucket=bucket, num_samples=batch_size,
                                 vocab_size=vocab_size, max_position=max_position, draw=draw,
                                 stacked=stacked)
+    forced_program, generation_program = program(), program(generate=True) if generate else None
     for n in bucket_lengths:
       raise_if_stopped()  # a stop request during evaluation, between lengths
       keys = jax.random.split(jax.random.fold_in(jax.random.key(eval_seed), n), num_batches)
       with clock.stage('evaluation'):
-        results = jax.device_get([eval_fn()(state, key, jnp.int32(n)) for key in keys])
+        results = jax.device_get([forced_program(state, key, jnp.int32(n)) for key in keys])
       if generate:
         with clock.stage('generation'):
-          generated = jax.device_get([eval_fn(generate=True)(state, key, jnp.int32(n))
-                                      for key in keys])
+          generated = jax.device_get([generation_program(state, key, jnp.int32(n)) for key in keys])
       for i, model_rows in enumerate(rows):
         # Every batch has the same number of sequences and of output tokens.
         row = dict(length=n, **{k: float(np.mean([per_model(r[k], i) for r in results]))

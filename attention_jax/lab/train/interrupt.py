@@ -112,6 +112,6 @@ def combined(errors: list) -> Exception:
   if not all(isinstance(e, TrainingInterrupted) for e in errors):
     return errors[0]
   tail = f'; {_RESUME}'
-  parts = [e.args[0][:-len(tail)] if e.args[0].endswith(tail) else e.args[0] for e in errors]
+  parts = [e.args[0].removesuffix(tail) for e in errors]
   resume = tail if any(e.args[0].endswith(tail) for e in errors) else ''
   return TrainingInterrupted('; and '.join(parts) + resume, errors[0].args[1])
