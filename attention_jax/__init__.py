@@ -10,8 +10,10 @@ from attention_jax import nn
 from attention_jax import positional
 from attention_jax.attention import MASK_VALUE
 from attention_jax.attention import DenseBias
+from attention_jax.attention import DifferenceBias
 from attention_jax.attention import LinearBias
 from attention_jax.attention import NoBias
+from attention_jax.attention import StickBreaking
 from attention_jax.attention import additive_scores
 from attention_jax.attention import attend
 from attention_jax.attention import attention_mask_from_tokens
@@ -25,6 +27,7 @@ from attention_jax.attention import padding_mask
 from attention_jax.attention import relative_distance
 from attention_jax.attention import scaled_dot_product_attention
 from attention_jax.attention import sliding_window_mask
+from attention_jax.attention import stick_breaking_attention
 from attention_jax.nn import AdditiveAttention
 from attention_jax.nn import MultiHeadAttention
 from attention_jax.nn import Seq2Seq
@@ -33,6 +36,7 @@ from attention_jax.nn import TransformerLM
 from attention_jax.nn import generate
 from attention_jax.positional import ENCODINGS
 from attention_jax.positional import PositionalEncoding
+from attention_jax.positional import ScoreContext
 from attention_jax.positional import make_encoding
 from attention_jax.positional import parse_encoding_spec
 from attention_jax.positional import register_encoding
@@ -44,9 +48,10 @@ __all__ = [
     'MASK_VALUE', 'additive_scores', 'attend', 'attention_mask_from_tokens',
     'causal_mask', 'chunked_attention', 'combine_masks', 'dot_product_attention',
     'dot_scores', 'multi_head_attention', 'padding_mask', 'relative_distance',
-    'scaled_dot_product_attention', 'sliding_window_mask',
-    # What an encoding adds to the scores.
-    'DenseBias', 'LinearBias', 'NoBias',
+    'scaled_dot_product_attention', 'sliding_window_mask', 'stick_breaking_attention',
+    'StickBreaking',
+    # What an encoding adds to the scores, and what it may read to do so.
+    'DenseBias', 'DifferenceBias', 'LinearBias', 'NoBias', 'ScoreContext',
     # Modules and generation (attention_jax.nn).
     'AdditiveAttention', 'MultiHeadAttention', 'Seq2Seq', 'SelfAttention',
     'TransformerLM', 'generate',

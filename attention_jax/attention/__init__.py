@@ -8,6 +8,7 @@ from attention_jax.attention.dense import MASK_VALUE
 from attention_jax.attention.dense import dot_product_attention
 from attention_jax.attention.dense import masked_softmax
 from attention_jax.attention.dense import multi_head_attention
+from attention_jax.attention.heads import map_heads
 from attention_jax.attention.dispatch import IMPLEMENTATIONS
 from attention_jax.attention.dispatch import KERNELS
 from attention_jax.attention.dispatch import Kernel
@@ -15,6 +16,9 @@ from attention_jax.attention.dispatch import Request
 from attention_jax.attention.dispatch import check_options
 from attention_jax.attention.dispatch import scaled_dot_product_attention
 from attention_jax.attention.dispatch import select_implementation
+from attention_jax.attention.normalization import NORMALIZATIONS
+from attention_jax.attention.normalization import StickBreaking
+from attention_jax.attention.stick_breaking import stick_breaking_attention
 from attention_jax.attention.masks import attention_mask_from_tokens
 from attention_jax.attention.masks import causal_mask
 from attention_jax.attention.masks import combine_masks
@@ -22,6 +26,7 @@ from attention_jax.attention.masks import padding_mask
 from attention_jax.attention.masks import sliding_window_mask
 from attention_jax.attention.masks import structural_mask
 from attention_jax.attention.scores import DenseBias
+from attention_jax.attention.scores import DifferenceBias
 from attention_jax.attention.scores import LinearBias
 from attention_jax.attention.scores import NoBias
 from attention_jax.attention.scores import ScoreBias

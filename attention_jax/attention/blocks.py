@@ -3,7 +3,9 @@
 
 All arrays hold G rows, one row per (example, head): q_blk `[G, qc, D]`,
 k_blk / v_blk `[G, kc, D]`, kv_len `[G]` (keys at or past it are padding),
-slopes `[G]` or None (ALiBi). Block starts are the blocks' first query and key
+slopes `[G]` or None (ALiBi), and a difference bias's values qv_blk `[G, qc]`
+and kv_blk `[G, kc]` or None (`q_values[i] - k_values[j]`, forgetting
+attention). Block starts are the blocks' first query and key
 indices, Python ints or traced scalars. Arithmetic in float32.
 """
 
@@ -13,8 +15,8 @@ from attention_jax.attention.scores import linear_bias
 from attention_jax.attention.scores import relative_distance
 
 
-def block_scores(q_blk, k_blk, q_start, k_start, kv_len, slopes, *, scale, causal,
-                 t_k, window, keys_first=False):
+def block_scores(q_blk, k_blk, q_start, k_start, kv_len, slopes, qv_blk=None, kv_blk=None,
+                 *, scale, causal, t_k, window, keys_first=False):
   """Scores and keep-mask of one block pair.
 
   Returns scores float32 and keep bool, both `[G, qc, kc]`, or `[G, kc, qc]`
@@ -34,6 +36,11 @@ def block_scores(q_blk, k_blk, q_start, k_start, kv_len, slopes, *, scale, causa
   s = s * scale
   if slopes is not None:
     s = s + linear_bias(slopes, distance)
+  if qv_blk is not None:
+    if keys_first:
+      s = s + (qv_blk[:, None, :] - kv_blk[:, :, None])
+    else:
+      s = s + (qv_blk[:, :, None] - kv_blk[:, None, :])
   keep = key_index[None] < jnp.minimum(kv_len, t_k)[:, None, None]
   if causal:
     keep = keep & (distance >= 0)[None]
@@ -54,7 +61,8 @@ def normalise(m, l, acc):
 
 
 def backward_block(q_blk, do_blk, lse_blk, delta_blk, k_blk, v_blk, k_t_blk, q_start,
-                   k_start, kv_len, slopes, *, scale, causal, t_k, window):
+                   k_start, kv_len, slopes, qv_blk=None, kv_blk=None, *, scale, causal, t_k,
+                   window):
   """FlashAttention's gradient contributions of one block pair, recomputing
   its probabilities from the row log-sum-exp.
 
@@ -65,14 +73,22 @@ def backward_block(q_blk, do_blk, lse_blk, delta_blk, k_blk, v_blk, k_t_blk, q_s
 
   Args: do_blk `[G, qc, Dv]` (float32); lse_blk and delta_blk (rowsum(dO ∘ O))
     `[G, 1, qc]`; the rest as in `block_scores`.
-  Returns: dq_t `[G, D, qc]`, dk `[G, kc, D]`, dv `[G, kc, Dv]`, float32.
+  Returns: dq_t `[G, D, qc]`, dk `[G, kc, D]`, dv `[G, kc, Dv]`, and with a
+  difference bias d q_values `[G, qc]` and d k_values `[G, kc]` (else None),
+  float32. The bias gradient is dS itself (the bias is added after the
+  scale): its row sums for the query values, minus its column sums for the
+  key values.
   """
-  s_t, keep = block_scores(q_blk, k_blk, q_start, k_start, kv_len, slopes, scale=scale,
-                           causal=causal, t_k=t_k, window=window, keys_first=True)
+  s_t, keep = block_scores(q_blk, k_blk, q_start, k_start, kv_len, slopes, qv_blk, kv_blk,
+                           scale=scale, causal=causal, t_k=t_k, window=window,
+                           keys_first=True)
   p_t = jnp.where(keep, jnp.exp(s_t - lse_blk), 0.0)
   dv = jnp.einsum('gkq,gqd->gkd', p_t, do_blk)
   dp_t = jnp.einsum('gkd,gqd->gkq', v_blk, do_blk, preferred_element_type=jnp.float32)
-  ds_t = p_t * (dp_t - delta_blk) * scale
+  dbias_t = p_t * (dp_t - delta_blk)
+  ds_t = dbias_t * scale
   dq_t = jnp.einsum('gdk,gkq->gdq', k_t_blk, ds_t, preferred_element_type=jnp.float32)
   dk = jnp.einsum('gkq,gqd->gkd', ds_t, q_blk, preferred_element_type=jnp.float32)
-  return dq_t, dk, dv
+  if qv_blk is None:
+    return dq_t, dk, dv, None, None
+  return dq_t, dk, dv, dbias_t.sum(1), -dbias_t.sum(2)

@@ -4,7 +4,8 @@ chunk) memory, a program whose size does not grow with T.
 
 Each function works on G rows (one per example and head): q `[G, Tq', D]`
 padded to a multiple of q_chunk, k / v `[G, Tk', D]` padded to k_chunk,
-kv_len and slopes `[G]` (see `blocks.py`).
+kv_len and slopes `[G]`, a difference bias's qv `[G, Tq']` and kv `[G, Tk']`
+or None (see `blocks.py`).
 """
 
 import functools
@@ -30,7 +31,8 @@ def _key_block_range(q_start, qc, kc, num_k_blocks, causal, window):
   return first_key // kc, jnp.minimum(num_k_blocks, last_key // kc + 1)
 
 
-def forward_group(q, k, v, kv_len, slopes, *, causal, q_chunk, k_chunk, t_k, window):
+def forward_group(q, k, v, kv_len, slopes, qv, kv, *, causal, q_chunk, k_chunk, t_k,
+                  window):
   """Returns out `[G, Tq', Dv]` float32 and the row log-sum-exp `[G, Tq']`."""
   scale = 1.0 / math.sqrt(q.shape[-1])
   num_k_blocks = k.shape[1] // k_chunk
@@ -40,12 +42,14 @@ def forward_group(q, k, v, kv_len, slopes, *, causal, q_chunk, k_chunk, t_k, win
 
   def one_q_block(q_start):
     q_blk = jax.lax.dynamic_slice_in_dim(q, q_start, q_chunk, axis=1)
+    qv_blk = _slice(qv, q_start, q_chunk)
 
     def body(j, carry):
       m, l, acc = carry
       k_blk = jax.lax.dynamic_slice_in_dim(k, j * k_chunk, k_chunk, axis=1)
       v_blk = jax.lax.dynamic_slice_in_dim(v, j * k_chunk, k_chunk, axis=1)
-      s, keep = scores(q_blk, k_blk, q_start, j * k_chunk, kv_len, slopes)
+      s, keep = scores(q_blk, k_blk, q_start, j * k_chunk, kv_len, slopes, qv_blk,
+                       _slice(kv, j * k_chunk, k_chunk))
       s = jnp.where(keep, s, MASK_VALUE)
       m_new = jnp.maximum(m, s.max(-1))
       p = jnp.where(keep, jnp.exp(s - m_new[..., None]), 0.0)
@@ -68,10 +72,16 @@ def forward_group(q, k, v, kv_len, slopes, *, causal, q_chunk, k_chunk, t_k, win
           jnp.swapaxes(lse, 0, 1).reshape(g, -1))
 
 
-def backward_group(q, k, v, k_t, kv_len, slopes, delta, lse, dout, *, causal, q_chunk,
-                   k_chunk, t_k, window):
-  """dq, dk, dv (float32, shaped as q, k, v), recomputing each block. k_t is k
-  transposed `[G, D, Tk']`, delta = rowsum(dO ∘ O) `[G, Tq']`."""
+def _slice(x, start, size):
+  """Columns start … start+size-1 of a `[G, T]` row array (None stays None)."""
+  return None if x is None else jax.lax.dynamic_slice_in_dim(x, start, size, axis=1)
+
+
+def backward_group(q, k, v, k_t, kv_len, slopes, qv, kv, delta, lse, dout, *, causal,
+                   q_chunk, k_chunk, t_k, window):
+  """dq, dk, dv (float32, shaped as q, k, v) and d qv, d kv (None without a
+  difference bias), recomputing each block. k_t is k transposed `[G, D, Tk']`,
+  delta = rowsum(dO ∘ O) `[G, Tq']`."""
   num_k_blocks = k.shape[1] // k_chunk
   grads = functools.partial(backward_block, scale=1.0 / math.sqrt(q.shape[-1]),
                             causal=causal, t_k=t_k, window=window)
@@ -81,25 +91,34 @@ def backward_group(q, k, v, k_t, kv_len, slopes, delta, lse, dout, *, causal, q_
     do_blk = jax.lax.dynamic_slice_in_dim(dout, q_start, q_chunk, axis=1)
     lse_blk = jax.lax.dynamic_slice_in_dim(lse, q_start, q_chunk, axis=1)[:, None, :]
     delta_blk = jax.lax.dynamic_slice_in_dim(delta, q_start, q_chunk, axis=1)[:, None, :]
+    qv_blk = _slice(qv, q_start, q_chunk)
 
     def body(j, inner):
-      dq_t, dk, dv = inner
+      dq_t, dqv, dk, dv, dkv = inner
       k_start = j * k_chunk
       piece = lambda x, axis=1: jax.lax.dynamic_slice_in_dim(x, k_start, k_chunk, axis)
-      dq_t_blk, dk_blk, dv_blk = grads(q_blk, do_blk, lse_blk, delta_blk, piece(k),
-                                       piece(v), piece(k_t, 2), q_start, k_start,
-                                       kv_len, slopes)
+      dq_t_blk, dk_blk, dv_blk, dqv_blk, dkv_blk = grads(
+          q_blk, do_blk, lse_blk, delta_blk, piece(k), piece(v), piece(k_t, 2), q_start,
+          k_start, kv_len, slopes, qv_blk, _slice(kv, k_start, k_chunk))
       add = lambda acc, blk: jax.lax.dynamic_update_slice_in_dim(
           acc, piece(acc) + blk, k_start, axis=1)
-      return dq_t + dq_t_blk, add(dk, dk_blk), add(dv, dv_blk)
+      if qv is None:
+        return dq_t + dq_t_blk, dqv, add(dk, dk_blk), add(dv, dv_blk), dkv
+      return (dq_t + dq_t_blk, dqv + dqv_blk, add(dk, dk_blk), add(dv, dv_blk),
+              add(dkv, dkv_blk))
 
     first, stop = _key_block_range(q_start, q_chunk, k_chunk, num_k_blocks, causal,
                                    window)
     dq_t = jnp.zeros((q.shape[0], q.shape[2], q_chunk), jnp.float32)
-    dq_t, dk, dv = jax.lax.fori_loop(first, stop, body, (dq_t, *carry))
-    return (dk, dv), dq_t
+    dqv = None if qv is None else jnp.zeros((q.shape[0], q_chunk), jnp.float32)
+    dq_t, dqv, dk, dv, dkv = jax.lax.fori_loop(first, stop, body, (dq_t, dqv, *carry))
+    return (dk, dv, dkv), (dq_t, dqv)
 
-  init = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
-  (dk, dv), dq_t = jax.lax.scan(one_q_block, init, jnp.arange(0, q.shape[1], q_chunk))
+  init = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32),
+          None if kv is None else jnp.zeros(kv.shape, jnp.float32))
+  (dk, dv, dkv), (dq_t, dqv) = jax.lax.scan(one_q_block, init,
+                                            jnp.arange(0, q.shape[1], q_chunk))
   dq = jnp.transpose(dq_t, (1, 0, 3, 2)).reshape(q.shape)  # [nq, G, D, qc] -> [G, Tq', D]
-  return dq, dk, dv
+  if dqv is not None:
+    dqv = jnp.swapaxes(dqv, 0, 1).reshape(qv.shape)  # [nq, G, qc] -> [G, Tq']
+  return dq, dk, dv, dqv, dkv

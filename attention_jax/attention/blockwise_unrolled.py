@@ -36,7 +36,12 @@ def _visible_keys(q_start, qc, t_k, causal, window):
   return lo, max(lo, hi)
 
 
-def forward_group(q, k, v, kv_len, slopes, *, causal, q_chunk, t_k, window):
+def _cols(x, lo, hi):
+  """Columns lo … hi-1 of a `[G, T]` row array (None stays None)."""
+  return None if x is None else x[:, lo:hi]
+
+
+def forward_group(q, k, v, kv_len, slopes, qv, kv, *, causal, q_chunk, t_k, window):
   """Returns out `[G, Tq', Dv]` float32 and the row log-sum-exp `[G, Tq']`."""
   g, dv = q.shape[0], v.shape[-1]
   scores = functools.partial(block_scores, scale=1.0 / math.sqrt(q.shape[-1]),
@@ -49,7 +54,7 @@ def forward_group(q, k, v, kv_len, slopes, *, causal, q_chunk, t_k, window):
       lses.append(jnp.full((g, q_chunk), jnp.inf, jnp.float32))
       continue
     s, keep = scores(q[:, q_start:q_start + q_chunk], k[:, lo:hi], q_start, lo, kv_len,
-                     slopes)
+                     slopes, _cols(qv, q_start, q_start + q_chunk), _cols(kv, lo, hi))
     s = jnp.where(keep, s, MASK_VALUE)
     m = s.max(-1)
     p = jnp.where(keep, jnp.exp(s - m[..., None]), 0.0)
@@ -60,24 +65,32 @@ def forward_group(q, k, v, kv_len, slopes, *, causal, q_chunk, t_k, window):
   return jnp.concatenate(outs, axis=1), jnp.concatenate(lses, axis=1)
 
 
-def backward_group(q, k, v, k_t, kv_len, slopes, delta, lse, dout, *, causal,
+def backward_group(q, k, v, k_t, kv_len, slopes, qv, kv, delta, lse, dout, *, causal,
                    q_chunk, t_k, window):
-  """dq, dk, dv (float32, shaped as q, k, v). k_t is k transposed `[G, D, Tk']`,
-  delta = rowsum(dO ∘ O) `[G, Tq']`."""
+  """dq, dk, dv (float32, shaped as q, k, v) and d qv, d kv (None without a
+  difference bias). k_t is k transposed `[G, D, Tk']`, delta = rowsum(dO ∘ O)
+  `[G, Tq']`."""
   grads = functools.partial(backward_block, scale=1.0 / math.sqrt(q.shape[-1]),
                             causal=causal, t_k=t_k, window=window)
-  dqs = []
+  dqs, dqvs = [], []
   dk, dv = jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32)
+  dkv = None if kv is None else jnp.zeros(kv.shape, jnp.float32)
   for q_start in range(0, q.shape[1], q_chunk):
     rows = slice(q_start, q_start + q_chunk)
     lo, hi = _visible_keys(q_start, q_chunk, t_k, causal, window)
     if lo == hi:
       dqs.append(jnp.zeros((q.shape[0], q_chunk, q.shape[2]), jnp.float32))
+      dqvs.append(jnp.zeros((q.shape[0], q_chunk), jnp.float32))
       continue
-    dq_t, dk_blk, dv_blk = grads(q[:, rows], dout[:, rows], lse[:, None, rows],
-                                 delta[:, None, rows], k[:, lo:hi], v[:, lo:hi],
-                                 k_t[:, :, lo:hi], q_start, lo, kv_len, slopes)
+    dq_t, dk_blk, dv_blk, dqv_blk, dkv_blk = grads(
+        q[:, rows], dout[:, rows], lse[:, None, rows], delta[:, None, rows], k[:, lo:hi],
+        v[:, lo:hi], k_t[:, :, lo:hi], q_start, lo, kv_len, slopes,
+        _cols(qv, q_start, q_start + q_chunk), _cols(kv, lo, hi))
     dqs.append(jnp.swapaxes(dq_t, 1, 2))
     dk = dk.at[:, lo:hi].add(dk_blk)
     dv = dv.at[:, lo:hi].add(dv_blk)
-  return jnp.concatenate(dqs, axis=1), dk, dv
+    if kv is not None:
+      dqvs.append(dqv_blk)
+      dkv = dkv.at[:, lo:hi].add(dkv_blk)
+  dqv = None if qv is None else jnp.concatenate(dqvs, axis=1)
+  return jnp.concatenate(dqs, axis=1), dk, dv, dqv, dkv

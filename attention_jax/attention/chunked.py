@@ -20,7 +20,9 @@ does; differentiating through the loops instead would store every block.
 
 Masks and biases are given by structure, not as T × T arrays, so that they too
 are built per block: `causal`, per-example `kv_lengths` (key padding),
-per-head `alibi_slopes` (ALiBi's `-slope · (i - j)`) and a sliding `window`
+per-head `alibi_slopes` (ALiBi's `-slope · (i - j)`), a `difference` bias
+(`q_values[i] - k_values[j]` per example and head, e.g. forgetting
+attention's cumulative gates, with gradients to both) and a sliding `window`
 (`|i - j| < window`). Key blocks entirely above the causal diagonal or outside
 the window are never computed, so windowed attention costs O(T · window).
 Arbitrary dense masks and biases belong to `dense.py`.
@@ -41,7 +43,7 @@ import jax.numpy as jnp
 
 from attention_jax.attention import blockwise_scan
 from attention_jax.attention import blockwise_unrolled
-from attention_jax.attention.dense import repeat_kv_heads
+from attention_jax.attention.heads import repeat_kv_heads
 
 STRATEGIES = ('scan', 'unrolled', 'auto')
 # 'auto' unrolls up to this many queries and keys: the length up to which
@@ -68,11 +70,11 @@ def _groups(x, g):
   return None if x is None else x.reshape(-1, g, *x.shape[1:])
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9, 10, 11))
-def _chunked(q, k, v, kv_len, slopes, strategy, causal, q_chunk, k_chunk, t_k, window,
-             group):
-  out, _ = _chunked_fwd(q, k, v, kv_len, slopes, strategy, causal, q_chunk, k_chunk,
-                        t_k, window, group)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10, 11, 12, 13))
+def _chunked(q, k, v, kv_len, slopes, qv, kv, strategy, causal, q_chunk, k_chunk, t_k,
+             window, group):
+  out, _ = _chunked_fwd(q, k, v, kv_len, slopes, qv, kv, strategy, causal, q_chunk,
+                        k_chunk, t_k, window, group)
   return out
 
 
@@ -83,28 +85,29 @@ def _options(strategy, causal, q_chunk, k_chunk, t_k, window):
   return blockwise_unrolled, options
 
 
-def _chunked_fwd(q, k, v, kv_len, slopes, strategy, causal, q_chunk, k_chunk, t_k,
+def _chunked_fwd(q, k, v, kv_len, slopes, qv, kv, strategy, causal, q_chunk, k_chunk, t_k,
                  window, group):
   impl, options = _options(strategy, causal, q_chunk, k_chunk, t_k, window)
   out, lse = jax.lax.map(lambda a: impl.forward_group(*a, **options),
-                         tuple(_groups(x, group) for x in (q, k, v, kv_len, slopes)))
+                         tuple(_groups(x, group) for x in (q, k, v, kv_len, slopes, qv, kv)))
   out, lse = out.reshape(*q.shape[:2], v.shape[-1]), lse.reshape(q.shape[:2])
-  return out, (q, k, v, kv_len, slopes, out, lse)
+  return out, (q, k, v, kv_len, slopes, qv, kv, out, lse)
 
 
 def _chunked_bwd(strategy, causal, q_chunk, k_chunk, t_k, window, group, residuals,
                  dout):
-  q, k, v, kv_len, slopes, out, lse = residuals
+  q, k, v, kv_len, slopes, qv, kv, out, lse = residuals
   impl, options = _options(strategy, causal, q_chunk, k_chunk, t_k, window)
   dout = dout.astype(jnp.float32)
   delta = jnp.einsum('nqd,nqd->nq', dout, out)  # rowsum(dO ∘ O), [N, Tq']
   k_t = jnp.swapaxes(k, 1, 2)  # [N, D, Tk']: dQᵀ's operand, see blocks.backward_block
-  args = (q, k, v, k_t, kv_len, slopes, delta, lse, dout)
-  dq, dk, dv = jax.lax.map(lambda a: impl.backward_group(*a, **options),
-                           tuple(_groups(x, group) for x in args))
+  args = (q, k, v, k_t, kv_len, slopes, qv, kv, delta, lse, dout)
+  dq, dk, dv, dqv, dkv = jax.lax.map(lambda a: impl.backward_group(*a, **options),
+                                     tuple(_groups(x, group) for x in args))
+  flat = lambda g, like: None if like is None else g.reshape(like.shape)
   return (dq.reshape(q.shape).astype(q.dtype), dk.reshape(k.shape).astype(k.dtype),
           dv.reshape(v.shape).astype(v.dtype), None,
-          None if slopes is None else jnp.zeros_like(slopes))
+          None if slopes is None else jnp.zeros_like(slopes), flat(dqv, qv), flat(dkv, kv))
 
 
 _chunked.defvjp(_chunked_fwd, _chunked_bwd)
@@ -122,9 +125,10 @@ def choose_strategy(strategy: str, t_q: int, t_k: int) -> str:
 def chunked_attention(
     q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, *, causal: bool = False,
     kv_lengths: Optional[jnp.ndarray] = None,
-    alibi_slopes: Optional[jnp.ndarray] = None, window: Optional[int] = None,
-    strategy: str = 'auto', q_chunk: Optional[int] = None, k_chunk: int = 512,
-    heads_per_step: Optional[int] = None) -> jnp.ndarray:
+    alibi_slopes: Optional[jnp.ndarray] = None,
+    difference: Optional[tuple[jnp.ndarray, jnp.ndarray]] = None,
+    window: Optional[int] = None, strategy: str = 'auto', q_chunk: Optional[int] = None,
+    k_chunk: int = 512, heads_per_step: Optional[int] = None) -> jnp.ndarray:
   """Exact attention without a T_q × T_k matrix; see the module docstring.
 
   Args:
@@ -135,6 +139,9 @@ def chunked_attention(
       padding. A query with no key left gets a zero output (and zero grads).
     alibi_slopes: optional `[H]`: adds ALiBi's `-slope_h · (i - j)` per block
       (treated as constants: no gradient flows to them).
+    difference: optional (q_values `[B|1, H, T_q]`, k_values `[B|1, H, T_k]`):
+      adds `q_values[b, h, i] - k_values[b, h, j]` per block (a
+      `scores.DifferenceBias`); gradients flow to both.
     window: optional int >= 1: query i attends only to keys j with
       |i - j| < window (indices); blocks outside the band are skipped.
     strategy: 'scan' | 'unrolled' | 'auto' (the module docstring).
@@ -182,22 +189,50 @@ def chunked_attention(
     k_r, v_r = _pad_to(k_r, 1, k_chunk), _pad_to(v_r, 1, k_chunk)
   row_kv_len = jnp.repeat(kv_lengths, h)
   row_slopes = None if alibi_slopes is None else jnp.tile(alibi_slopes, b)
+  qv_r = kv_r = None
+  if difference is not None:
+    qv_r, kv_r = _difference_rows(difference, b, h, t_q, t_k)
+    qv_r = _pad_to(qv_r, 1, q_chunk)
+    if strategy == 'scan':
+      kv_r = _pad_to(kv_r, 1, k_chunk)
   group = math.gcd(b * h, heads_per_step)
-  out = _chunked(q_r, k_r, v_r, row_kv_len, row_slopes, strategy, causal, q_chunk,
-                 k_chunk, t_k, window, group)
+  out = _chunked(q_r, k_r, v_r, row_kv_len, row_slopes, qv_r, kv_r, strategy, causal,
+                 q_chunk, k_chunk, t_k, window, group)
   out = out[:, :t_q].reshape(b, h, t_q, -1)
   return jnp.transpose(out, (0, 2, 1, 3)).astype(v.dtype)
 
 
+def _difference_rows(difference, b, h, t_q, t_k):
+  """(q_values `[B|1, H, T_q]`, k_values `[B|1, H, T_k]`) -> float32 rows
+  `[B · H, T_q]`, `[B · H, T_k]`, one per (example, head) like q's rows."""
+  q_values, k_values = (jnp.asarray(x, jnp.float32) for x in difference)
+  if q_values.shape[1:] != (h, t_q) or k_values.shape[1:] != (h, t_k):
+    raise ValueError(f'difference bias values {q_values.shape} and {k_values.shape} for '
+                     f'H={h}, T_q={t_q}, T_k={t_k}: need [B|1, H, T_q] and [B|1, H, T_k].')
+  rows = lambda x, t: jnp.broadcast_to(x, (b, h, t)).reshape(b * h, t)
+  return rows(q_values, t_q), rows(k_values, t_k)
+
+
 def chunked_kernel(q, k, v, *, mask, bias, slopes, causal, window, kv_lengths,
-                   return_weights, chunk_size=None, chunked_strategy='auto'):
-  """The 'chunked' row of `dispatch.KERNELS`: structure and a linear bias
-  (slopes `[H]`) only, no weights; the dispatcher sends nothing else.
+                   return_weights, difference=None, normalization=None, q_slots=None,
+                   chunk_size=None, chunked_strategy='auto'):
+  """The 'chunked' row of `dispatch.KERNELS`: structure, a linear bias
+  (slopes `[H]`) and a `DifferenceBias` only, no weights; softmax, or
+  stick-breaking (`blockwise_stick_breaking.py`, causal) when normalization
+  is a `StickBreaking`. The dispatcher sends nothing else.
   -> (out `[B, T_q, H, D_v]`, None)."""
-  if mask is not None or bias is not None or return_weights:
-    raise ValueError('chunked_kernel takes no dense mask or bias and forms no weights.')
+  if mask is not None or bias is not None or return_weights or q_slots is not None:
+    raise ValueError('chunked_kernel takes no dense mask, bias or q_slots and forms no '
+                     'weights.')
   chunks = {} if chunk_size is None else dict(q_chunk=chunk_size, k_chunk=chunk_size)
+  values = None if difference is None else (difference.q_values, difference.k_values)
+  if normalization is not None:
+    from attention_jax.attention.blockwise_stick_breaking import chunked_stick_breaking  # pylint: disable=g-import-not-at-top
+    out = chunked_stick_breaking(
+        q, k, v, kv_lengths=kv_lengths, alibi_slopes=slopes, difference=values,
+        window=window, attend_current=normalization.attend_current, **chunks)
+    return out, None
   out = chunked_attention(q, k, v, causal=causal, kv_lengths=kv_lengths,
-                          alibi_slopes=slopes, window=window, strategy=chunked_strategy,
-                          **chunks)
+                          alibi_slopes=slopes, difference=values, window=window,
+                          strategy=chunked_strategy, **chunks)
   return out, None

@@ -16,37 +16,16 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from attention_jax.attention.heads import check_broadcast
+from attention_jax.attention.heads import map_heads
 from attention_jax.attention.masks import combine_masks
 from attention_jax.attention.masks import structural_mask
 from attention_jax.attention.scores import materialise
+from attention_jax.attention.stick_breaking import stick_breaking_attention
 
 # Finite and far below any real score, with headroom so that `score - max`
 # inside softmax cannot overflow to -inf (the same choice as jax.nn).
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
-
-
-def _check_broadcast(name: str, x: jnp.ndarray, target: tuple[int, ...]) -> None:
-  if x.ndim > len(target) or any(
-      d not in (1, t) for d, t in zip(x.shape[::-1], target[::-1])):
-    raise ValueError(
-        f'{name} has shape {x.shape}, which does not broadcast to {target}.')
-
-
-def as_rank4(name: str, x: Optional[jnp.ndarray]) -> Optional[jnp.ndarray]:
-  """A multi-head mask or bias, rank 2 `[T_q, T_k]` or rank 4 `[B|1, H|1, T_q,
-  T_k]`, as rank 4. Rank 3 is refused: `[B, T, T]` and `[H, T, T]` cannot be
-  told apart when B == H."""
-  if x is None:
-    return None
-  if x.ndim == 2:
-    return x[None, None]
-  if x.ndim == 4:
-    return x
-  hint = (f' A rank-3 {name} is ambiguous ([B, T_q, T_k] or [H, T_q, T_k]?): '
-          f'write {name}[:, None] for one per example, {name}[None] for one per head.'
-          if x.ndim == 3 else '')
-  raise ValueError(f'{name} has shape {x.shape}: give rank 2 [T_q, T_k] or rank 4 '
-                   f'[B|1, H|1, T_q, T_k].{hint}')
 
 
 def masked_softmax(scores: jnp.ndarray, mask: Optional[jnp.ndarray]) -> jnp.ndarray:
@@ -101,38 +80,13 @@ def dot_product_attention(
   scores = jnp.einsum('qd,kd->qk', q, k, preferred_element_type=compute_dtype)
   scores = scores * (1.0 / (q.shape[1] ** 0.5))
   if bias is not None:
-    _check_broadcast('bias', bias, scores_shape)
+    check_broadcast('bias', bias, scores_shape)
     scores = scores + bias.astype(compute_dtype)
   if mask is not None:
-    _check_broadcast('mask', mask, scores_shape)
+    check_broadcast('mask', mask, scores_shape)
   weights = masked_softmax(scores, mask)
   out = jnp.einsum('qk,kd->qd', weights, v, preferred_element_type=compute_dtype)
   return out.astype(v.dtype), weights
-
-
-def _vmap_plan(x: Optional[jnp.ndarray], axis: int, size: int):
-  """(x, in_axis) mapping `axis` if it has `size`, else (x without it, None)."""
-  if x is None:
-    return None, None
-  if x.shape[axis] == size:
-    return x, axis
-  return jnp.squeeze(x, axis), None
-
-
-def repeat_kv_heads(k: jnp.ndarray, v: jnp.ndarray, num_heads: int, q_shape=None):
-  """Grouped-query attention (Ainslie et al. 2023): k `[B, T_k, H_kv, D]`, v
-  `[B, T_k, H_kv, D_v]` -> both with `num_heads` heads; query head h uses
-  key/value head `h // (num_heads // H_kv)` (consecutive groups). H_kv = 1 is
-  multi-query attention; H_kv = num_heads returns k, v unchanged."""
-  h_kv = k.shape[2]
-  if v.shape[2] != h_kv or h_kv < 1 or num_heads % h_kv:
-    raise ValueError(
-        f'incompatible shapes: key/value heads ({k.shape[2]} and {v.shape[2]}) must be equal and divide '
-        f'the {num_heads} query heads' + (f' (q {q_shape})' if q_shape else '') + '.')
-  if h_kv == num_heads:
-    return k, v
-  group = num_heads // h_kv
-  return jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
 
 
 def multi_head_attention(
@@ -160,48 +114,27 @@ def multi_head_attention(
     `(out, weights)`: out `[B, T_q, H, D_v]` in the dtype of `v`; weights
     `[B, H, T_q, T_k]` in float32.
   """
-  if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-    raise ValueError(
-        'multi_head_attention takes [batch, length, heads, head_dim] arrays; '
-        f'got q {q.shape}, k {k.shape}, v {v.shape}.')
-  (b, t_q, h, d_k), t_k = q.shape, k.shape[1]
-  if k.shape[:2] != (b, t_k) or k.shape[3] != d_k or v.shape[:2] != (b, t_k):
-    raise ValueError(
-        f'incompatible shapes: q {q.shape}, k {k.shape}, v {v.shape}; need '
-        'q [B, T_q, H, D_k], k [B, T_k, H_kv, D_k], v [B, T_k, H_kv, D_v].')
-  k, v = repeat_kv_heads(k, v, h, q.shape)
-  full = (b, h, t_q, t_k)
-  mask, bias = as_rank4('mask', mask), as_rank4('bias', bias)
-  if mask is not None:
-    _check_broadcast('mask', mask, full)
-  if bias is not None:
-    _check_broadcast('bias', bias, full)
-
-  # The batch axis is 0 of mask/bias; once vmapped away, the head axis is 0.
-  mask, mask_b = _vmap_plan(mask, 0, b)
-  bias, bias_b = _vmap_plan(bias, 0, b)
-
-  def one_example(q, k, v, mask, bias):
-    mask, mask_h = _vmap_plan(mask, 0, h)
-    bias, bias_h = _vmap_plan(bias, 0, h)
-    per_head = jax.vmap(
-        lambda q, k, v, m, b: dot_product_attention(q, k, v, mask=m, bias=b),
-        in_axes=(1, 1, 1, mask_h, bias_h), out_axes=(1, 0))
-    return per_head(q, k, v, mask, bias)
-
-  return jax.vmap(one_example, in_axes=(0, 0, 0, mask_b, bias_b))(
-      q, k, v, mask, bias)
+  return map_heads(dot_product_attention, q, k, v, mask=mask, bias=bias,
+                   name='multi_head_attention')
 
 
 def dense_kernel(q, k, v, *, mask, bias, slopes, causal, window, kv_lengths,
-                 return_weights, **unused_options):
-  """The 'dense' row of `dispatch.KERNELS`: structure and linear bias
-  materialised, then `multi_head_attention`. Shapes as there; mask and bias
-  rank 4 or None, slopes `[H]` or None. -> (out, weights or None)."""
+                 return_weights, difference=None, normalization=None, q_slots=None,
+                 **unused_options):
+  """The 'dense' row of `dispatch.KERNELS`: structure, linear and difference
+  biases materialised, then `multi_head_attention` (softmax) or
+  `stick_breaking_attention` (normalization a `StickBreaking`). Shapes as
+  there; mask and bias rank 4 or None, slopes `[H]` or None.
+  -> (out, weights or None)."""
   del unused_options  # other kernels' options (chunk sizes)
   t_q, t_k = q.shape[1], k.shape[1]
   mask = combine_masks(mask, structural_mask(t_q, t_k, causal=causal, window=window,
                                              kv_lengths=kv_lengths))
-  out, weights = multi_head_attention(q, k, v, mask=mask,
-                                      bias=materialise(bias, slopes, t_q, t_k))
+  bias = materialise(bias, slopes, t_q, t_k, difference)
+  if normalization is None:
+    out, weights = multi_head_attention(q, k, v, mask=mask, bias=bias)
+  else:
+    out, weights = stick_breaking_attention(
+        q, k, v, mask=mask, bias=bias, q_slots=q_slots,
+        attend_current=normalization.attend_current)
   return out, (weights if return_weights else None)

@@ -7,11 +7,15 @@ and its capabilities. 'auto' takes the first row, in table order, that can
 serve the call; naming a kernel that cannot is an error listing every
 obstacle. A new kernel is one file with its run function and one row here.
 
-* 'cudnn'   (`cudnn.py`): the fused GPU kernel; half precision; no weights.
+* 'cudnn'   (`cudnn.py`): the fused GPU kernel; half precision; no weights;
+  softmax only.
 * 'chunked' (`chunked.py`): blockwise, O(T) memory; masks by structure only
-  (causal, kv_lengths, window) and linear biases (ALiBi's slopes); no weights.
-  'auto' takes it from `AUTO_CHUNKED_MIN_KEYS` keys on.
-* 'dense'   (`dense.py`): any mask and bias, returns the weights; O(T²) memory.
+  (causal, kv_lengths, window), linear biases (ALiBi's slopes) and difference
+  biases (forgetting attention's gates), both built block by block; softmax
+  and stick-breaking; no weights. 'auto' takes it from
+  `AUTO_CHUNKED_MIN_KEYS` keys on.
+* 'dense'   (`dense.py`): any mask and bias, softmax and stick-breaking,
+  returns the weights; O(T²) memory.
 On CPU 'auto' never picks jax.nn's XLA path, whose backward is
 pathologically slow there.
 
@@ -27,9 +31,13 @@ import jax.numpy as jnp
 from attention_jax.attention.chunked import STRATEGIES
 from attention_jax.attention.chunked import chunked_kernel
 from attention_jax.attention.cudnn import cudnn_kernel
-from attention_jax.attention.dense import as_rank4
+from attention_jax.attention.heads import as_rank4
 from attention_jax.attention.dense import dense_kernel
+from attention_jax.attention.normalization import Normalization
+from attention_jax.attention.normalization import as_normalization
+from attention_jax.attention.normalization import name_of
 from attention_jax.attention.scores import DenseBias
+from attention_jax.attention.scores import DifferenceBias
 from attention_jax.attention.scores import LinearBias
 from attention_jax.attention.scores import NoBias
 from attention_jax.attention.scores import ScoreBias
@@ -43,15 +51,20 @@ AUTO_CHUNKED_MIN_KEYS = 256
 class Kernel:
   """One row of the table: a run function and what it can serve.
 
-  `run(q, k, v, *, mask, bias, slopes, causal, window, kv_lengths,
-  return_weights, chunk_size, chunked_strategy) -> (out, weights or None)`,
-  mask and bias rank 4 or None, slopes a tuple `[H]` or None.
+  `run(q, k, v, *, mask, bias, slopes, difference, causal, window,
+  kv_lengths, normalization, q_slots, return_weights, chunk_size,
+  chunked_strategy) -> (out, weights or None)`, mask and bias rank 4 or
+  None, slopes a tuple `[H]` or None, difference a `DifferenceBias` or None,
+  normalization None (softmax) or a `StickBreaking`, q_slots int `[T_q]` or
+  None (stick-breaking over a cache).
   """
   run: Callable
   weights: bool  # can return the attention weights
   dense_mask: bool  # takes an arbitrary boolean mask
   dense_bias: bool  # takes an arbitrary additive bias
   linear_bias: bool  # takes a `LinearBias` (slopes)
+  difference_bias: bool = False  # takes a `DifferenceBias` (q_values - k_values)
+  normalizations: tuple[str, ...] = ('softmax',)  # `normalization.NORMALIZATIONS` served
   dtypes: Optional[tuple[str, ...]] = None  # input dtypes served; None: any
   backends: Optional[tuple[str, ...]] = None  # JAX backends; None: any
   head_dim: Optional[tuple[int, int]] = None  # (a multiple of, at most); None: any
@@ -60,12 +73,15 @@ class Kernel:
 
 KERNELS = {
     'cudnn': Kernel(cudnn_kernel, weights=False, dense_mask=True, dense_bias=True,
-                    linear_bias=True, dtypes=('float16', 'bfloat16'), backends=('gpu',),
-                    head_dim=(8, 128)),
+                    linear_bias=True, difference_bias=True, dtypes=('float16', 'bfloat16'),
+                    backends=('gpu',), head_dim=(8, 128)),
     'chunked': Kernel(chunked_kernel, weights=False, dense_mask=False, dense_bias=False,
-                      linear_bias=True, auto_min_keys=AUTO_CHUNKED_MIN_KEYS),
+                      linear_bias=True, difference_bias=True,
+                      normalizations=('softmax', 'stick_breaking'),
+                      auto_min_keys=AUTO_CHUNKED_MIN_KEYS),
     'dense': Kernel(dense_kernel, weights=True, dense_mask=True, dense_bias=True,
-                    linear_bias=True),
+                    linear_bias=True, difference_bias=True,
+                    normalizations=('softmax', 'stick_breaking')),
 }
 IMPLEMENTATIONS = (*KERNELS, 'auto')
 
@@ -81,6 +97,8 @@ class Request:
   dense_mask: bool = False
   dense_bias: Optional[str] = None
   linear_bias: bool = False
+  difference_bias: bool = False
+  normalization: str = 'softmax'
 
 
 def check_options(implementation: str = 'auto', chunked_strategy: str = 'auto',
@@ -110,6 +128,11 @@ def obstacles(name: str, request: Request, backend: Optional[str] = None) -> lis
     found.append(request.dense_bias)
   if request.linear_bias and not kernel.linear_bias:
     found.append('a linear bias (ALiBi slopes)')
+  if request.difference_bias and not kernel.difference_bias:
+    found.append('a difference bias (forgetting attention\'s gates)')
+  if request.normalization not in kernel.normalizations:
+    found.append(f'normalization={request.normalization!r} (it serves '
+                 f'{", ".join(kernel.normalizations)})')
   if kernel.backends and backend not in kernel.backends:
     found.append(f"a {' or '.join(b.upper() for b in kernel.backends)} "
                  f'(the default backend is {backend!r})')
@@ -146,15 +169,25 @@ def select_implementation(requested: str, request: Request,
 
 
 def _split_score_bias(score_bias: ScoreBias):
-  """-> (dense bias rank 4 or None, its origin, slopes or None)."""
+  """-> (dense bias rank 4 or None, its origin, slopes or None, difference or None)."""
   if isinstance(score_bias, NoBias):
-    return None, None, None
+    return None, None, None, None
   if isinstance(score_bias, LinearBias):
-    return None, None, score_bias.slopes
+    return None, None, score_bias.slopes, None
+  if isinstance(score_bias, DifferenceBias):
+    return None, None, None, score_bias
   if isinstance(score_bias, DenseBias):
-    return score_bias.bias.astype(jnp.float32), score_bias.origin, None
-  raise TypeError(f'score_bias must be NoBias, LinearBias or DenseBias, got '
-                  f'{type(score_bias).__name__}.')
+    return score_bias.bias.astype(jnp.float32), score_bias.origin, None, None
+  raise TypeError(f'score_bias must be NoBias, LinearBias, DifferenceBias or DenseBias, '
+                  f'got {type(score_bias).__name__}.')
+
+
+def _check_difference(difference: DifferenceBias, b: int, h: int, t_q: int, t_k: int):
+  q, k = jnp.shape(difference.q_values), jnp.shape(difference.k_values)
+  if q[0] not in (1, b) or k[0] not in (1, b) or q[1] != h or q[2] != t_q or k[2] != t_k:
+    raise ValueError(f'a DifferenceBias of q_values {q} and k_values {k} (from '
+                     f'{difference.origin}) for B={b}, H={h}, T_q={t_q}, T_k={t_k}: need '
+                     f'[B|1, H, T_q] and [B|1, H, T_k].')
 
 
 def scaled_dot_product_attention(
@@ -162,6 +195,7 @@ def scaled_dot_product_attention(
     mask: Optional[jnp.ndarray] = None, bias: Optional[jnp.ndarray] = None,
     score_bias: ScoreBias = NoBias(), causal: bool = False,
     kv_lengths: Optional[jnp.ndarray] = None, window: Optional[int] = None,
+    normalization: Normalization = 'softmax', q_slots: Optional[jnp.ndarray] = None,
     implementation: str = 'auto', return_weights: bool = False,
     chunk_size: Optional[int] = None, chunked_strategy: str = 'auto'):
   """Multi-head attention on the kernel that can serve it (module docstring).
@@ -172,10 +206,15 @@ def scaled_dot_product_attention(
       (rank 3 is ambiguous and refused).
     bias: additive, `[T_q, T_k]` or `[B|1, H|1, T_q, T_k]`.
     score_bias: an encoding's contribution (`scores.py`): `NoBias()`,
-      `LinearBias(slopes)` or `DenseBias(bias)`; added to `bias`.
+      `LinearBias(slopes)`, `DifferenceBias(q_values, k_values)` or
+      `DenseBias(bias)`; added to `bias`.
     causal: query i attends to keys j <= i (needs T_q == T_k).
     kv_lengths: int `[B]`: keys at index >= kv_lengths[b] are padding.
     window: query i attends to keys with |i - j| < window.
+    normalization: 'softmax', 'stick_breaking' or a `StickBreaking`
+      (`normalization.py`); stick-breaking needs `causal=True` or `q_slots`.
+    q_slots: int `[T_q]`, each query's own key index, for stick-breaking over
+      a key/value cache (the mask then carries causality); None otherwise.
     implementation: a key of `KERNELS` ('cudnn', 'chunked', 'dense') or 'auto'.
     return_weights: also return float32 `[B, H, T_q, T_k]` (kernels with
       `weights`: 'dense').
@@ -195,18 +234,26 @@ def scaled_dot_product_attention(
   if causal and t_q != t_k:
     raise ValueError(f'causal=True needs T_q == T_k, got {t_q} and {t_k}.')
   mask, bias = as_rank4('mask', mask), as_rank4('bias', bias)
-  enc_bias, origin, slopes = _split_score_bias(score_bias)
+  enc_bias, origin, slopes, difference = _split_score_bias(score_bias)
   if slopes is not None and len(slopes) != q.shape[2]:
     raise ValueError(f'a LinearBias of {len(slopes)} slopes for {q.shape[2]} heads.')
+  if difference is not None:
+    _check_difference(difference, q.shape[0], q.shape[2], t_q, t_k)
+  norm = as_normalization(normalization)
+  if norm is not None and not causal and q_slots is None:
+    raise ValueError('stick-breaking attention reads the keys before each query: it needs '
+                     'causal=True, or q_slots (each query\'s key index) with a mask.')
   origins = [o for o, b in (('a dense bias array', bias), (origin, enc_bias)) if b is not None]
   request = Request(t_k=t_k, dtype=q.dtype, head_dim=q.shape[-1],
                     return_weights=return_weights, dense_mask=mask is not None,
-                    dense_bias='; '.join(origins) or None, linear_bias=slopes is not None)
+                    dense_bias='; '.join(origins) or None, linear_bias=slopes is not None,
+                    difference_bias=difference is not None, normalization=name_of(norm))
   name = select_implementation(implementation, request)
   if enc_bias is not None:
     bias = enc_bias if bias is None else bias.astype(jnp.float32) + enc_bias
   out, weights = KERNELS[name].run(
-      q, k, v, mask=mask, bias=bias, slopes=slopes, causal=causal, window=window,
-      kv_lengths=kv_lengths, return_weights=return_weights, chunk_size=chunk_size,
+      q, k, v, mask=mask, bias=bias, slopes=slopes, difference=difference, causal=causal,
+      window=window, kv_lengths=kv_lengths, normalization=norm, q_slots=q_slots,
+      return_weights=return_weights, chunk_size=chunk_size,
       chunked_strategy=chunked_strategy)
   return (out, weights) if return_weights else out

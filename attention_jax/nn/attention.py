@@ -9,8 +9,12 @@ A module is causal or not as one property, set at construction: it decides
 both the mask and the encoding's bias (ALiBi's is -slope·(i - j) causal,
 -slope·|i - j| otherwise). A positional encoding (a registry name or a
 `PositionalEncoding`) acts here through its in-attention hooks: RoPE rotates
-q and k, relative encodings contribute to the scores. Encodings added to the
-embeddings (sinusoidal, learned) are refused: they belong to the model.
+q and k, relative encodings contribute to the scores (from positions, or
+from a `ScoreContext` with q, k and the encoding's `token_features` of the
+layer input: CoPE, forgetting attention). Encodings added to the embeddings
+(sinusoidal, learned) are refused: they belong to the model. How scores
+become weights (softmax, or stick-breaking) is the module's `normalization`,
+independent of the encoding.
 
 Every call goes through `scaled_dot_product_attention`, which picks the
 kernel. As in Flax, a call returns the output; `return_weights=True` also
@@ -26,12 +30,16 @@ from flax import nnx
 
 from attention_jax.attention import check_options
 from attention_jax.attention import scaled_dot_product_attention
+from attention_jax.attention.heads import as_rank4
+from attention_jax.attention.normalization import Normalization
+from attention_jax.attention.normalization import as_normalization
 from attention_jax.attention.scalable import scalable_softmax_queries
 from attention_jax.attention.scalable import visible_keys
 from attention_jax.positional import ENCODINGS
 from attention_jax.positional import NoPE
 from attention_jax.positional import PositionalEncoding
 from attention_jax.positional import make_encoding
+from attention_jax.positional.base import ScoreContext
 from attention_jax.positional.base import embedding_only
 
 Positional = Union[str, PositionalEncoding, None]
@@ -104,6 +112,10 @@ class MultiHeadAttention(nnx.Module):
       s_h: each query's logits are multiplied by s_h · log(n), n the number of
       keys it may see (scalable softmax, `attention.scalable`). Combines with
       any encoding and kernel.
+    normalization: 'softmax' (default), 'stick_breaking' or a
+      `StickBreaking(attend_current=...)` (Tan et al. 2025,
+      `attention.stick_breaking`; causal modules only). Combines with any
+      encoding; served by the dense and chunked kernels.
     rngs: `nnx.Rngs` for the parameters.
   """
 
@@ -115,6 +127,7 @@ class MultiHeadAttention(nnx.Module):
                implementation: str = 'auto', chunk_size: Optional[int] = None,
                chunked_strategy: str = 'auto',
                scalable_softmax: Optional[float] = None,
+               normalization: Normalization = 'softmax',
                rngs: nnx.Rngs):
     if num_heads < 1 or d_model % num_heads:
       raise ValueError(
@@ -127,6 +140,10 @@ class MultiHeadAttention(nnx.Module):
                                        or sliding_window < 1):
       raise ValueError(f'sliding_window={sliding_window!r}: use an integer >= 1 or None.')
     check_options(implementation, chunked_strategy, chunk_size)
+    self.normalization = as_normalization(normalization)
+    if self.normalization is not None and not causal:
+      raise ValueError(f'normalization={normalization!r} (stick-breaking) reads the keys '
+                       'before each query: it needs causal=True.')
     self.implementation, self.chunk_size = implementation, chunk_size
     self.chunked_strategy, self.causal = chunked_strategy, bool(causal)
     self.d_model, self.num_heads, self.num_kv_heads = d_model, num_heads, num_kv_heads
@@ -193,10 +210,18 @@ class MultiHeadAttention(nnx.Module):
       n = visible_keys(np.arange(x.shape[1]), context.shape[1], causal=self.causal,
                        window=self.sliding_window, kv_lengths=kv_lengths)
       q = scalable_softmax_queries(q, self.ssmax_scale[...], n)
+    q_features = self.positional.token_features(x)
+    score_bias = self.positional.score_contribution(ScoreContext(
+        q=q, k=k, q_positions=positions, k_positions=context_positions,
+        q_slots=np.arange(x.shape[1]) if self_attention else None, q_features=q_features,
+        k_features=(q_features if self_attention
+                    else self.positional.token_features(context)),
+        causal=self.causal, window=self.sliding_window, kv_lengths=kv_lengths,
+        mask=as_rank4('mask', mask)))
     result = scaled_dot_product_attention(
-        q, k, v, mask=mask, bias=bias,
-        score_bias=self.positional.score_bias(positions, context_positions),
+        q, k, v, mask=mask, bias=bias, score_bias=score_bias,
         causal=self.causal, kv_lengths=kv_lengths, window=self.sliding_window,
+        normalization=self.normalization,
         implementation=self.implementation, return_weights=return_weights,
         chunk_size=self.chunk_size, chunked_strategy=self.chunked_strategy)
     if return_weights:
@@ -206,14 +231,21 @@ class MultiHeadAttention(nnx.Module):
 
   def init_cache(self, batch_size: int, cache_size: int, dtype=jnp.float32) -> dict:
     """An empty cache for `extend`: key/value `[B, H_kv, cache_size, D]`
-    (rotated keys when the encoding rotates) and their int32 positions `[B, cache_size]`.
+    (rotated keys when the encoding rotates), their int32 positions `[B,
+    cache_size]` and, for an encoding with `token_features`, the keys'
+    features float32 `[B, cache_size, F]`.
 
     Heads before slots: the layout the score and output contractions read,
     so a decoding step does not transpose the whole cache (it did, costing
     more than the step's arithmetic, in the [B, T, H, D] order)."""
     shape = (batch_size, self.num_kv_heads, cache_size, self.head_dim)
-    return dict(key=jnp.zeros(shape, dtype), value=jnp.zeros(shape, dtype),
-                positions=jnp.zeros((batch_size, cache_size), jnp.int32))
+    cache = dict(key=jnp.zeros(shape, dtype), value=jnp.zeros(shape, dtype),
+                 positions=jnp.zeros((batch_size, cache_size), jnp.int32))
+    features = jax.eval_shape(self.positional.token_features, jax.ShapeDtypeStruct(
+        (batch_size, cache_size, self.d_model), jnp.float32))
+    if features is not None:
+      cache['features'] = jnp.zeros(features.shape, jnp.float32)
+    return cache
 
   def extend(self, x: jnp.ndarray, cache: dict, start, *,
              positions: Optional[jnp.ndarray] = None) -> tuple[jnp.ndarray, dict]:
@@ -254,20 +286,27 @@ class MultiHeadAttention(nnx.Module):
     write = lambda buf, new, axis: jax.lax.dynamic_update_slice_in_dim(
         buf, new.astype(buf.dtype), start, axis=axis)
     heads_first = lambda a: jnp.swapaxes(a, 1, 2)  # [B, S, H, D] <-> [B, H, S, D]
-    cache = dict(key=write(cache['key'], heads_first(k), 2),
+    features = self.positional.token_features(x)
+    cache = dict(cache, key=write(cache['key'], heads_first(k), 2),
                  value=write(cache['value'], heads_first(v), 2),
                  positions=write(cache['positions'], positions, 1))
+    if features is not None:
+      cache['features'] = write(cache['features'], features, 1)
     keys = jnp.arange(t_max)[None, :]
     mask = keys <= slots[:, None]  # causal; also hides the slots not yet written
     if self.sliding_window is not None:
       mask = mask & (slots[:, None] - keys < self.sliding_window)
+    all_keys = heads_first(cache['key']).astype(q.dtype)
+    score_bias = self.positional.score_contribution(ScoreContext(
+        q=q, k=all_keys, q_positions=positions, k_positions=cache['positions'],
+        q_slots=slots, q_features=features, k_features=cache.get('features'), causal=True,
+        window=self.sliding_window))
     # The mask moves with `start`, which blocks do not express; the queries
     # are one token (or a prompt), cheap on the other kernels.
     implementation = 'auto' if self.implementation == 'chunked' else self.implementation
     out = scaled_dot_product_attention(
-        q, heads_first(cache['key']).astype(q.dtype), heads_first(cache['value']).astype(v.dtype),
-        mask=mask,
-        score_bias=self.positional.score_bias(positions, cache['positions']),
+        q, all_keys, heads_first(cache['value']).astype(v.dtype), mask=mask,
+        score_bias=score_bias, normalization=self.normalization, q_slots=slots,
         implementation=implementation)
     return self.W_O(out), cache
 
@@ -333,9 +372,14 @@ class SelfAttention(nnx.Module):
     q, k, v = (w(x)[:, :, None, :] for w in (self.W_Q, self.W_K, self.W_V))
     q, k = self.positional.rotate_queries_keys(q, k, positions, positions)
     head_axis = lambda a: a[:, None] if a is not None and a.ndim == 3 else a
+    features = self.positional.token_features(x)
+    score_bias = self.positional.score_contribution(ScoreContext(
+        q=q, k=k, q_positions=positions, k_positions=positions,
+        q_slots=np.arange(x.shape[1]), q_features=features, k_features=features,
+        causal=self.causal, mask=as_rank4('mask', head_axis(mask))))
     result = scaled_dot_product_attention(
         q, k, v, mask=head_axis(mask), bias=head_axis(bias),
-        score_bias=self.positional.score_bias(positions, positions), causal=self.causal,
+        score_bias=score_bias, causal=self.causal,
         implementation=self.implementation, return_weights=return_weights)
     if return_weights:
       return result[0][:, :, 0, :], result[1][:, 0]

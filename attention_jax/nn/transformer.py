@@ -5,10 +5,12 @@ LayerNorm and an *untied* output projection: tying would make the input
 embedding double as the classifier, coupling the two in a way that differs
 between encodings that add to the embeddings and those that do not.
 
-The positional encoding is chosen by name and built once: an absolute one
-(sinusoidal, learned) is added to the embeddings, any other is shared by
-every attention layer, so its hooks and parameters are the same in all
-layers.
+The positional encoding is chosen by name: an absolute one (sinusoidal,
+learned) is built once and added to the embeddings; one acting inside
+attention is shared by every layer (its hooks and parameters the same in
+all), or built once per layer when the encoding class says `per_layer`
+(forgetting attention's gate, CoPE's and FIRE's tables: the official models
+give every layer its own) or the caller asks for it (`encoding_per_layer`).
 """
 
 from typing import Optional
@@ -18,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from attention_jax.attention.normalization import Normalization
 from attention_jax.nn.attention import MultiHeadAttention
 from attention_jax.nn.attention import check_cache_slots
 from attention_jax.positional import PositionalEncoding
@@ -65,10 +68,13 @@ class TransformerLM(nnx.Module):
     max_positions: positions the model must handle; sizes a learned table (its
       rows past the training lengths are never trained — which is what a
       length-extrapolation study measures).
-    num_kv_heads, sliding_window, implementation, scalable_softmax: see
-      `MultiHeadAttention` (GQA/MQA, local attention, dense/chunked/cudnn/auto:
-      with 'auto', long evaluations run blockwise in O(T) memory; s·log(n)
-      logit scaling).
+    num_kv_heads, sliding_window, implementation, scalable_softmax,
+      normalization: see `MultiHeadAttention` (GQA/MQA, local attention,
+      dense/chunked/cudnn/auto: with 'auto', long evaluations run blockwise
+      in O(T) memory; s·log(n) logit scaling; softmax or stick-breaking).
+    encoding_options: keyword options of the encoding's `build`.
+    encoding_per_layer: one encoding (and its parameters) per layer instead
+      of one shared; None: the encoding class's `per_layer`.
     rngs: `nnx.Rngs` for the parameters.
   """
 
@@ -77,19 +83,29 @@ class TransformerLM(nnx.Module):
                max_positions: Optional[int] = None, num_kv_heads: Optional[int] = None,
                sliding_window: Optional[int] = None, implementation: str = 'auto',
                encoding_options: Optional[dict] = None,
-               scalable_softmax: Optional[float] = None, rngs: nnx.Rngs):
+               scalable_softmax: Optional[float] = None,
+               normalization: Normalization = 'softmax',
+               encoding_per_layer: Optional[bool] = None, rngs: nnx.Rngs):
     self.embed = nnx.Embed(vocab_size, d_model,
                            embedding_init=nnx.initializers.normal(1.0), rngs=rngs)
-    self.positional = make_encoding(encoding, d_model=d_model, num_heads=num_heads,
-                                    max_positions=max_positions, causal=True, rngs=rngs,
-                                    **(encoding_options or {}))
+    build = lambda: make_encoding(encoding, d_model=d_model, num_heads=num_heads,
+                                  max_positions=max_positions, causal=True, rngs=rngs,
+                                  **(encoding_options or {}))
+    self.positional = build()
     # Absolute encodings act once, on the embeddings; blocks get the rest.
     in_attention = self.positional if self.positional.acts_in_attention else None
+    per_layer = (type(self.positional).per_layer if encoding_per_layer is None
+                 else encoding_per_layer)
+    # The first block takes self.positional, the others a fresh one each.
+    layer_encodings = [in_attention] + [
+        build() if in_attention is not None and per_layer else in_attention
+        for _ in range(num_layers - 1)]
     self.blocks = nnx.List([
-        Block(d_model, num_heads, mlp_dim, in_attention, rngs=rngs,
+        Block(d_model, num_heads, mlp_dim, layer_encoding, rngs=rngs,
               num_kv_heads=num_kv_heads, sliding_window=sliding_window,
-              implementation=implementation, scalable_softmax=scalable_softmax)
-        for _ in range(num_layers)])
+              implementation=implementation, scalable_softmax=scalable_softmax,
+              normalization=normalization)
+        for layer_encoding in layer_encodings[:num_layers]])
     self.final_norm = nnx.LayerNorm(d_model, rngs=rngs)
     self.unembed = nnx.Linear(d_model, vocab_size, rngs=rngs)
 

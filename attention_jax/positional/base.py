@@ -1,6 +1,6 @@
-"""The interface every positional encoding implements: three optional hooks.
+"""The interface every positional encoding implements: optional hooks.
 
-An encoding contributes to a transformer in at most three places, so the
+An encoding contributes to a transformer in at most these places, so the
 attention code never needs to ask which encoding it is:
 
 * `add_to_embeddings` — absolute encodings (sinusoidal, learned) add a vector
@@ -12,20 +12,81 @@ attention code never needs to ask which encoding it is:
   `DenseBias`) so that each attention kernel builds it its own way. Its
   default wraps `attention_bias`, the dense bias, as a `DenseBias`: a subclass
   may implement either.
+* `score_contribution(context)` — the general form of the last hook, for
+  contributions that depend on more than positions: a `ScoreContext` holds
+  the call's rotated q and k (CoPE gates on q·k), the encoding's own
+  per-token features of the layer input (`token_features`, e.g. forgetting
+  attention's log forget gates) and the call's structure. By default it is
+  `score_bias(q_positions, k_positions)`.
+* `token_features(x)` — per-token numbers computed from a layer's input
+  `[B, T, d_model]` -> float32 `[B, T, F]`, or None. Modules compute them
+  for queries and keys, and a key/value cache stores the keys' features next
+  to the keys, so cached decoding sees what the full pass sees.
 
 Positions are integer arrays `[T]` (shared by the batch) or `[B, T]`. Modules
 default them to `np.arange(T)`: a static array, so length checks happen at
 trace time even under `jax.jit`, and linear biases can be recognised.
 """
 
+import dataclasses
 from typing import Optional
 
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from attention_jax.attention.scores import DenseBias
 from attention_jax.attention.scores import NoBias
 from attention_jax.attention.scores import ScoreBias
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ScoreContext:
+  """What one attention call offers an encoding's `score_contribution`.
+
+  q: queries `[B, T_q, H, D]`, after `rotate_queries_keys`.
+  k: keys `[B, T_k, H_kv, D]`, after it (the whole cache when decoding).
+  q_positions, k_positions: integer `[T]` or `[B, T]`.
+  q_slots: int `[T_q]`, each query's index among the keys (0 … T-1 in a
+    full self-attention pass, the slots written when decoding over a cache);
+    None for cross-attention, where queries are not keys.
+  q_features, k_features: `token_features` of the queries' and the keys'
+    layer inputs, float32 `[B, T, F]`, or None.
+  causal: whether key j is hidden from the query at slot i when j > i.
+  window: the module's sliding window (|i - j| < window on indices) or None.
+  kv_lengths: int `[B]` (keys at index >= kv_lengths[b] are padding) or None.
+  mask: the caller's boolean mask, rank 4 `[B|1, H|1, T_q, T_k]`, or None.
+  """
+  q: jnp.ndarray
+  k: jnp.ndarray
+  q_positions: jnp.ndarray
+  k_positions: jnp.ndarray
+  q_slots: Optional[jnp.ndarray] = None
+  q_features: Optional[jnp.ndarray] = None
+  k_features: Optional[jnp.ndarray] = None
+  causal: bool = True
+  window: Optional[int] = None
+  kv_lengths: Optional[jnp.ndarray] = None
+  mask: Optional[jnp.ndarray] = None
+
+  def visible(self) -> jnp.ndarray:
+    """bool `[B|1, H|1, T_q, T_k]`: the keys each query may attend to, as the
+    attention call will mask them (causal on slots, window, padding, mask)."""
+    t_q, t_k = self.q.shape[1], self.k.shape[1]
+    slots = np.arange(t_q) if self.q_slots is None else self.q_slots
+    keys = jnp.arange(t_k)[None, :]
+    slots = jnp.asarray(slots, jnp.int32)[:, None]
+    keep = jnp.ones((t_q, t_k), bool)
+    if self.causal:
+      keep = keep & (keys <= slots)
+    if self.window is not None:
+      keep = keep & (jnp.abs(slots - keys) < self.window)
+    keep = keep[None, None]
+    if self.kv_lengths is not None:
+      keep = keep & (keys < jnp.asarray(self.kv_lengths)[:, None])[:, None, None, :]
+    if self.mask is not None:
+      keep = keep & self.mask
+    return keep
 
 
 def heads_rank4(bias: jnp.ndarray) -> jnp.ndarray:
@@ -41,6 +102,11 @@ class PositionalEncoding(nnx.Module):
   classmethod taking `d_model, num_heads, max_positions, causal, rngs` and its
   own keyword options.
   """
+
+  # Whether a model gives each layer its own instance (own parameters) by
+  # default, as the official code of forgetting attention, CoPE and FIRE
+  # does; False: one instance shared by every layer.
+  per_layer = False
 
   def add_to_embeddings(self, x: jnp.ndarray, positions: jnp.ndarray) -> jnp.ndarray:
     """x `[B, T, D]`, positions `[T]` or `[B, T]` -> `[B, T, D]`."""
@@ -71,13 +137,28 @@ class PositionalEncoding(nnx.Module):
     return DenseBias(heads_rank4(jnp.asarray(bias, jnp.float32)),
                      origin=f'the bias of {type(self).__name__}, which is not linear in i - j')
 
+  def token_features(self, x: jnp.ndarray) -> Optional[jnp.ndarray]:
+    """x `[B, T, d_model]` (a layer's input) -> float32 `[B, T, F]`, or None:
+    per-token numbers `score_contribution` reads as `q_features` and
+    `k_features` (and a key/value cache keeps for the keys)."""
+    del x
+    return None
+
+  def score_contribution(self, context: ScoreContext) -> ScoreBias:
+    """What this encoding adds to the scores of one attention call, as a spec
+    (`NoBias`, `LinearBias`, `DifferenceBias`, `DenseBias`). By default the
+    positions-only `score_bias`; override this one when the contribution
+    depends on q, k or `token_features` (CoPE, forgetting attention)."""
+    return self.score_bias(context.q_positions, context.k_positions)
+
   @property
   def acts_in_attention(self) -> bool:
     """Whether it rotates q/k or adds to the scores inside attention."""
     return bool(hooks_of(type(self)) & ATTENTION_HOOKS)
 
 
-HOOKS = ('add_to_embeddings', 'rotate_queries_keys', 'attention_bias', 'score_bias')
+HOOKS = ('add_to_embeddings', 'rotate_queries_keys', 'attention_bias', 'score_bias',
+         'score_contribution', 'token_features')
 ATTENTION_HOOKS = frozenset(HOOKS[1:])
 
 
