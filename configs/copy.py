@@ -103,6 +103,18 @@ def get_config(arg=None):
       temperature=4.0,  # initial edge sharpness τ (bias log σ(τ (w − ½ − d)))
       learn_temperature=True,  # train τ too (else fixed)
   ))
+  # FIRE (Li et al. 2024, positional/fire.py): bias f_θ(ψ(i − j) / ψ(max(L, i))),
+  # ψ(x) = log(|c·x| + 1); defaults are the reference port's (mcleish7/arithmetic).
+  c.model.encoding_options.fire = ml_collections.ConfigDict(dict(
+      mlp_width=32,  # hidden units of the MLP f_θ (1 → width → num_heads, ReLU)
+      init_c=0.1,  # initial c of the log transform ψ (learned)
+      # L₀ of the threshold L = |s·L₀| (s learned from 1). Queries at i < L are
+      # normalised by ψ(L): with 512 every query at eval.max_length=64 is (at most
+      # 194 positions read), so the bias starts as a function of i − j alone; set
+      # it near the training length to let longer inputs interpolate (ψ(i − j)/ψ(i)).
+      init_threshold=512.0,
+      eps=1e-6,  # added to the normaliser ψ(max(L, i))
+  ))
   # windowed_rope (ours, positional/windowed_rope.py): RoPE, and each windowed
   # head sees only keys with |Δid| <= its width: with coupled ids
   # ('windowed_rope:coupled') a bounded, length-independent neighbourhood.
@@ -116,6 +128,21 @@ def get_config(arg=None):
       # x_{k+1}" puts its attention, so EOS is not confused with x_{k+1} = x_k
       # (without it: early EOS inside runs like 'cccc', 98.8% exact at 8×).
       sink=True,
+  ))
+  # p-RoPE (Barbero et al. 2025, positional/p_rope.py): RoPE on the ⌊p·D/2⌋
+  # highest frequencies (exponents over the full head_dim), the rest unrotated.
+  c.model.encoding_options.p_rope = ml_collections.ConfigDict(dict(
+      p=0.75,  # fraction of the D/2 frequencies rotated: the paper's best; 1 = rope, 0 = none
+      base=10000.0,  # RoPE's base: θ_i = base^(-2i/D)
+  ))
+  # xPos (Sun et al. 2023, positional/xpos.py): RoPE, q·k pair i scaled by
+  # ζ_i^((m − n)/scale_base), ζ_i = (2i + 0.4D)/(1.4D); causal attention only.
+  c.model.encoding_options.xpos = ml_collections.ConfigDict(dict(
+      base=10000.0,  # RoPE's base: θ_i = base^(-2i/D) (the official code's fixed 10,000)
+      scale_base=512.0,  # γ: the decay per position is ζ^(1/γ); the official 512
+      # Fixed position whose scales are 1 (ours; the official centres on the length,
+      # which a key/value cache cannot): float32 allows |position − centre| <= 17,847.
+      centre=0,
   ))
   c.model.d_model = 64  # residual stream width (seq2seq: embedding width)
   c.model.num_heads = 4  # attention heads; must divide d_model

@@ -7,6 +7,9 @@ from attention_jax.positional.alibi import alibi_slopes
 from attention_jax.positional.angles import rotation_angles
 from attention_jax.positional.base import NoPE
 from attention_jax.positional.base import PositionalEncoding
+from attention_jax.positional.base import ScoreContext
+from attention_jax.positional.fire import FIRE
+from attention_jax.positional.fire import fire_bias
 from attention_jax.positional.hard_alibi import HardALiBi
 from attention_jax.positional.hard_alibi import hard_alibi_bias
 from attention_jax.positional.base import embedding_only
@@ -15,6 +18,8 @@ from attention_jax.positional.learned import Learned
 from attention_jax.positional.learned import learned_lookup
 from attention_jax.positional.learned_window import LearnedWindow
 from attention_jax.positional.learned_window import learned_window_bias
+from attention_jax.positional.p_rope import PRoPE
+from attention_jax.positional.p_rope import p_rope_frequencies
 from attention_jax.positional.registry import ENCODINGS
 from attention_jax.positional.registry import make_encoding
 from attention_jax.positional.registry import parse_encoding_spec
@@ -32,3 +37,6 @@ from attention_jax.positional.rope import rope_frequencies
 from attention_jax.positional.sinusoidal import Sinusoidal
 from attention_jax.positional.sinusoidal import sinusoidal
 from attention_jax.positional.sinusoidal import sinusoidal_at
+from attention_jax.positional.xpos import XPos
+from attention_jax.positional.xpos import apply_xpos
+from attention_jax.positional.xpos import xpos_position_limit

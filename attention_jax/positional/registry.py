@@ -13,14 +13,17 @@ from flax import nnx
 from attention_jax.positional.alibi import ALiBi
 from attention_jax.positional.base import NoPE
 from attention_jax.positional.base import PositionalEncoding
+from attention_jax.positional.fire import FIRE
 from attention_jax.positional.hard_alibi import HardALiBi
 from attention_jax.positional.kerple import KERPLE
 from attention_jax.positional.learned import Learned
 from attention_jax.positional.learned_window import LearnedWindow
+from attention_jax.positional.p_rope import PRoPE
 from attention_jax.positional.rope import RoPE
 from attention_jax.positional.sinusoidal import Sinusoidal
 from attention_jax.positional.t5 import T5RelativeBias
 from attention_jax.positional.windowed_rope import WindowedRoPE
+from attention_jax.positional.xpos import XPos
 
 ENCODINGS = {
     'none': NoPE,
@@ -30,9 +33,12 @@ ENCODINGS = {
     'alibi': ALiBi,
     't5': T5RelativeBias,
     'kerple': KERPLE,
+    'fire': FIRE,  # Li et al. 2024: an MLP of the log distance normalised by max(L, i)
     'hard_alibi': HardALiBi,  # Jelassi et al. 2024: windowed heads + NoPE heads
     'learned_window': LearnedWindow,  # ours: Hard-ALiBi with trained soft widths
     'windowed_rope': WindowedRoPE,  # ours: RoPE + a symmetric id window (for coupling)
+    'p_rope': PRoPE,  # Barbero et al. 2025: RoPE on the fraction p of highest frequencies
+    'xpos': XPos,  # Sun et al. 2023: RoPE × per-frequency decay ζ^((m - n)/γ), causal only
 }
 
 
