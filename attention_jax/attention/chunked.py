@@ -43,6 +43,7 @@ import jax.numpy as jnp
 
 from attention_jax.attention import blockwise_scan
 from attention_jax.attention import blockwise_unrolled
+from attention_jax.attention.blockwise_stick_breaking import chunked_stick_breaking
 from attention_jax.attention.heads import repeat_kv_heads
 
 STRATEGIES = ('scan', 'unrolled', 'auto')
@@ -227,7 +228,6 @@ def chunked_kernel(q, k, v, *, mask, bias, slopes, causal, window, kv_lengths,
   chunks = {} if chunk_size is None else dict(q_chunk=chunk_size, k_chunk=chunk_size)
   values = None if difference is None else (difference.q_values, difference.k_values)
   if normalization is not None:
-    from attention_jax.attention.blockwise_stick_breaking import chunked_stick_breaking  # pylint: disable=g-import-not-at-top
     out = chunked_stick_breaking(
         q, k, v, kv_lengths=kv_lengths, alibi_slopes=slopes, difference=values,
         window=window, attend_current=normalization.attend_current, **chunks)

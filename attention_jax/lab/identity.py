@@ -52,6 +52,11 @@ RUN_KEYS = ('task.name', 'model.kind', 'model.encoding', 'train.seed')
 HINT = ('use a new --workdir, or --config.study.on_mismatch=retrain to train into a '
         'fresh run directory.')
 _MISSING = '(absent)'
+# Fields added to the config after runs were made with older code: a stored
+# config without one was trained as its value here says (what the older code
+# did), so an upgrade does not turn finished runs into mismatches.
+ADDED_LATER = {'model.normalization': 'softmax', 'model.stick_breaking_attend_current': False,
+               'model.scalable_softmax': 0.0}
 
 
 class RunMismatch(ConfigError):
@@ -161,6 +166,9 @@ def differences(stored: ml_collections.ConfigDict, config: ml_collections.Config
   """(field, stored value, value in `config`) for each trained-model field
   that differs."""
   old, new = trained_fields(stored), trained_fields(config)
+  for key, value in ADDED_LATER.items():
+    old.setdefault(key, value)
+    new.setdefault(key, value)
   return [(k, old.get(k, _MISSING), new.get(k, _MISSING)) for k in sorted(old.keys() | new.keys())
           if old.get(k, _MISSING) != new.get(k, _MISSING)]
 

@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from attention_jax.attention.normalization import Normalization
+from attention_jax.attention.normalization import StickBreaking
 from attention_jax.lab import tasks
 from attention_jax.nn.seq2seq import Seq2Seq
 from attention_jax.nn.transformer import TransformerLM
@@ -96,6 +98,15 @@ def encoding_options(config: ml_collections.ConfigDict) -> dict:
   return {} if options is None else dict(options)
 
 
+def normalization(config: ml_collections.ConfigDict) -> Normalization:
+  """'softmax', or a `StickBreaking` with model.stick_breaking_attend_current,
+  from model.normalization (absent in older configs: softmax)."""
+  m = config.model
+  if m.get('normalization', 'softmax') != 'stick_breaking':
+    return m.get('normalization', 'softmax')
+  return StickBreaking(attend_current=m.get('stick_breaking_attend_current', False))
+
+
 def build_model(config: ml_collections.ConfigDict, seed: int) -> nnx.Module:
   """The model `config.model.kind` names, parameters drawn from `seed`."""
   m = config.model
@@ -112,7 +123,7 @@ def build_model(config: ml_collections.ConfigDict, seed: int) -> nnx.Module:
       max_positions=model_max_positions(config),
       num_kv_heads=m.num_kv_heads or None, sliding_window=m.sliding_window or None,
       implementation=m.attention_implementation,
-      scalable_softmax=m.scalable_softmax or None,
+      scalable_softmax=m.scalable_softmax or None, normalization=normalization(config),
       encoding_options=encoding_options(config), rngs=nnx.Rngs(params=seed))
 
 
