@@ -144,6 +144,33 @@ def get_config(arg=None):
       # which a key/value cache cannot): float32 allows |position − centre| <= 17,847.
       centre=0,
   ))
+  # FoX, forgetting attention (Lin et al. 2025, positional/forgetting.py): per head a
+  # gate f_t = σ(w·x_t + b) of the layer input; scores get Σ_{l=j+1..i} log f_l. One per layer.
+  c.model.encoding_options.fox = ml_collections.ConfigDict(dict(
+      weight_std=0.02,  # std of the gate kernel's normal init (the official initializer_range)
+      bias_init=0.0,  # initial gate bias, every head: 0 = gates start at σ(0) = 1/2 (official)
+      # (T_min, T_max): per-head biases b = −log(expm1(1/t)), t log-spaced, so gates start
+      # at exp(−1/t) (the official fgate_bias_init, there for data-independent gates);
+      # () = off (bias_init instead).
+      decay_times=(),
+  ))
+  # CoPE (Golovneva et al. 2024, positional/cope.py): key j sits at p = Σ_{t=j..i}
+  # σ(q_i·k_t/√D), scores get q_i·e[p]/√D (e interpolated, zeros at the start).
+  # O(T²): dense kernel only. One table per layer.
+  c.model.encoding_options.cope = ml_collections.ConfigDict(dict(
+      # Positions in the table e [head_dim, npos]; p is clamped to npos − 1. None = the
+      # model's max_positions + 1 (model.max_positions; 0 there = the longest eval
+      # sequence): the official block_size + 1, so nothing is clamped.
+      npos=ml_collections.config_dict.placeholder(int),
+      nodiv=False,  # True: add q·e[p] to q·k/√D undivided (the official --cope-nodiv)
+  ))
+  # DAPE (Zheng et al. 2024, positional/dape.py): scores get B + f(q·k/√D, B), B a
+  # base bias, f an MLP 2H → mlp_width → H (LeakyReLU) at every (i, j), over the heads.
+  # O(T²): dense kernel only. One MLP (and KERPLE's p, a) per layer.
+  c.model.encoding_options.dape = ml_collections.ConfigDict(dict(
+      base='kerple',  # the bias B: 'kerple' (−p·log(1 + a·|i − j|), learned) | 'alibi' (fixed slopes)
+      mlp_width=32,  # hidden units of f (the official configs' mlp_width)
+  ))
   c.model.d_model = 64  # residual stream width (seq2seq: embedding width)
   c.model.num_heads = 4  # attention heads; must divide d_model
   c.model.num_layers = 2  # pre-LayerNorm transformer blocks
@@ -155,6 +182,13 @@ def get_config(arg=None):
   # Scalable softmax (Nakanishi 2025): logits × s_h·log(n), n = keys a query sees,
   # s_h learned per head starting here; 0 = plain softmax. Any encoding.
   c.model.scalable_softmax = 0.0
+  # How scores become weights: softmax | stick_breaking (Tan et al. 2025: each key,
+  # nearest first, takes σ(z) of the stick the later keys left; the rest goes to the
+  # query's own value). Any encoding; dense and chunked kernels.
+  c.model.normalization = 'softmax'
+  # stick_breaking only: query i also breaks a share for key i (the official
+  # attend_current; default False, keys j < i).
+  c.model.stick_breaking_attend_current = False
   c.model.rnn_hidden_dim = 128  # seq2seq only: GRU state width
   c.model.bidirectional = False  # seq2seq only: forward + backward GRU encoder
   c.model.attention_score = 'additive'  # seq2seq_attention only: additive (Bahdanau) | dot (Luong)

@@ -1,5 +1,7 @@
 """Blockwise attention equals the dense path, in outputs and gradients."""
 
+import re
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -126,6 +128,17 @@ IN_ATTENTION = [e for e in sorted(aj.ENCODINGS)
                 if not aj.positional.embedding_only(aj.ENCODINGS[e])]
 
 
+def _score_spec(mha, x, kv_lengths):
+  """What `mha`'s encoding adds to the scores of `mha(x, kv_lengths=...)`,
+  asked as the module asks it (`score_contribution` of the call's context)."""
+  positions = np.arange(x.shape[1])
+  q, k = mha.positional.rotate_queries_keys(mha.W_Q(x), mha.W_K(x), positions, positions)
+  features = mha.positional.token_features(x)
+  return mha.positional.score_contribution(aj.ScoreContext(
+      q=q, k=k, q_positions=positions, k_positions=positions, q_slots=positions,
+      q_features=features, k_features=features, kv_lengths=kv_lengths))
+
+
 class ModuleImplementationTest(parameterized.TestCase):
 
   def test_module_strategies_agree_and_bad_ones_are_refused(self):
@@ -149,10 +162,11 @@ class ModuleImplementationTest(parameterized.TestCase):
     x = jax.random.normal(jax.random.key(1), (2, 21, 32))
     lengths = jnp.array([21, 9])
     want = dense(x, kv_lengths=lengths)
-    spec = other.positional.score_bias(np.arange(21), np.arange(21))
+    spec = _score_spec(other, x, lengths)
     if implementation == 'chunked' and isinstance(spec, aj.DenseBias):
-      # Non-linear biases (T5, KERPLE, …) stay on the dense kernel ('auto' falls back).
-      with self.assertRaisesRegex(ValueError, 'not linear in i - j'):
+      # Non-linear biases (T5, KERPLE, …) stay on the dense kernel ('auto' falls back);
+      # the refusal names the bias.
+      with self.assertRaisesRegex(ValueError, re.escape(spec.origin)):
         other(x, kv_lengths=lengths)
       return
     chex.assert_trees_all_close(other(x, kv_lengths=lengths), want, atol=1e-5)

@@ -47,6 +47,19 @@ def _imports(path):
 
 class LayoutTest(absltest.TestCase):
 
+  def test_readme_file_tree_lists_every_tracked_file(self):
+    if not os.path.isdir(os.path.join(ROOT, '.git')):
+      self.skipTest('not a git checkout')
+    text = pathlib.Path(ROOT, 'README.md').read_text(encoding='utf-8')
+    block = text[text.index('\n## Files'):]
+    block = block[block.index('```') + 3:]
+    listed = {line.split()[0] for line in block[:block.index('```')].splitlines()
+              if line.strip()}
+    tracked = set(subprocess.run(['git', 'ls-files'], cwd=ROOT, capture_output=True,
+                                 text=True, check=True).stdout.split())
+    self.assertEqual(sorted(tracked - listed), [], 'files missing from README "Files"')
+    self.assertEqual(sorted(listed - tracked), [], 'README "Files" names files not in git')
+
   def test_library_modules_import_nothing_of_the_lab(self):
     files = list(_library_files())
     self.assertGreater(len(files), 20)  # the walk found the library

@@ -15,8 +15,10 @@ import numpy as np
 from flax import nnx
 
 from attention_jax.attention import DenseBias
+from attention_jax.attention import DifferenceBias
 from attention_jax.attention import IMPLEMENTATIONS
 from attention_jax.attention import LinearBias
+from attention_jax.attention import NORMALIZATIONS
 from attention_jax.attention import Request
 from attention_jax.attention import select_implementation
 from attention_jax.lab import tasks
@@ -24,6 +26,7 @@ from attention_jax.nn.additive import SCORES
 from attention_jax.positional import ENCODINGS
 from attention_jax.positional import make_encoding
 from attention_jax.positional import parse_encoding_spec
+from attention_jax.positional.base import ScoreContext
 from attention_jax.positional.rope import SCALINGS
 from attention_jax.lab.models import MODEL_KINDS
 from attention_jax.lab.models import longest_sequence
@@ -78,6 +81,18 @@ def _check_encoding_options(options) -> None:
                f'{allowed or "no options"}.')
 
 
+def _score_spec(encoding, d_model: int, num_heads: int, positions: np.ndarray):
+  """What `encoding` adds to a causal self-attention call at `positions`, as
+  a module asks it (`score_contribution`, so that encodings reading q, k or
+  token features answer too), on zero inputs: only the spec's kind matters."""
+  t = len(positions)
+  qk = jnp.zeros((1, t, num_heads, d_model // num_heads), jnp.float32)
+  features = encoding.token_features(jnp.zeros((1, t, d_model), jnp.float32))
+  return encoding.score_contribution(ScoreContext(
+      q=qk, k=qk, q_positions=positions, k_positions=positions, q_slots=np.arange(t),
+      q_features=features, k_features=features, causal=True))
+
+
 def kernel_refusal(config: ml_collections.ConfigDict, spec: str) -> Optional[str]:
   """Why model.attention_implementation cannot run encoding `spec`, asked of
   the library: the encoding says what it adds to the scores (at positions
@@ -97,10 +112,12 @@ def kernel_refusal(config: ml_collections.ConfigDict, spec: str) -> Optional[str
   except ValueError as e:
     return f'model.encoding_options.{name}: {e}'
   positions = np.array([0, 2, 5]) if modifier else np.arange(3)
-  bias = encoding.score_bias(positions, positions)
+  bias = _score_spec(encoding, m.d_model, m.num_heads, positions)
   request = Request(t_k=len(positions), dtype=jnp.float32, head_dim=m.d_model // m.num_heads,
                     dense_bias=bias.origin if isinstance(bias, DenseBias) else None,
-                    linear_bias=isinstance(bias, LinearBias))
+                    linear_bias=isinstance(bias, LinearBias),
+                    difference_bias=isinstance(bias, DifferenceBias),
+                    normalization=m.get('normalization', 'softmax'))
   try:
     select_implementation(m.attention_implementation, request)
   except ValueError as e:
@@ -118,6 +135,17 @@ def _check_positive(section, names, prefix):
 def _check_names(names, allowed, key):
   for name in names:
     _require(name in allowed, f'{key} has {name!r}; allowed: {sorted(allowed)}.')
+
+
+def _check_normalization(m) -> None:
+  norm = m.get('normalization', 'softmax')
+  current = m.get('stick_breaking_attend_current', False)
+  _check_names((norm,), NORMALIZATIONS, 'model.normalization')
+  _require(isinstance(current, bool),
+           f'model.stick_breaking_attend_current={current!r} must be True or False.')
+  _require(norm == 'stick_breaking' or not current,
+           f'model.stick_breaking_attend_current=True needs model.normalization='
+           f"'stick_breaking' (it is {norm!r}).")
 
 
 def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -> None:
@@ -170,6 +198,7 @@ def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -
       key = 'study.encodings' if study else 'model.encoding'
       raise ConfigError(f'invalid config: {key}: {e}') from None
   _check_encoding_options(m.get('encoding_options'))
+  _check_normalization(m)  # before kernel_refusal, which asks the table about it
   for spec in specs:
     refusal = kernel_refusal(config, spec)
     _require(refusal is None, refusal)

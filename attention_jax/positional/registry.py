@@ -13,7 +13,10 @@ from flax import nnx
 from attention_jax.positional.alibi import ALiBi
 from attention_jax.positional.base import NoPE
 from attention_jax.positional.base import PositionalEncoding
+from attention_jax.positional.cope import CoPE
+from attention_jax.positional.dape import DAPE
 from attention_jax.positional.fire import FIRE
+from attention_jax.positional.forgetting import FoX
 from attention_jax.positional.hard_alibi import HardALiBi
 from attention_jax.positional.kerple import KERPLE
 from attention_jax.positional.learned import Learned
@@ -39,6 +42,9 @@ ENCODINGS = {
     'windowed_rope': WindowedRoPE,  # ours: RoPE + a symmetric id window (for coupling)
     'p_rope': PRoPE,  # Barbero et al. 2025: RoPE on the fraction p of highest frequencies
     'xpos': XPos,  # Sun et al. 2023: RoPE × per-frequency decay ζ^((m - n)/γ), causal only
+    'fox': FoX,  # Lin et al. 2025: forget gates σ(w·x + b), bias Σ log f between key and query
+    'cope': CoPE,  # Golovneva et al. 2024: positions counted by gates σ(q·k/√D), O(T²)
+    'dape': DAPE,  # Zheng et al. 2024: KERPLE/ALiBi bias + an MLP of (q·k/√D, bias) over heads, O(T²)
 }
 
 
