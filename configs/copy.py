@@ -25,8 +25,10 @@ One model: `python -m experiments.train --config=configs/copy.py:encoding=rope
   encoding=NAME  the encoding (train.py) / the only encoding swept
               (length_extrapolation.py): a registry name (none, sinusoidal,
               learned, rope, alibi, t5, kerple, hard_alibi, learned_window,
-              windowed_rope), optionally NAME:randomized (Ruoss et al. 2023)
-              or NAME:coupled (position coupling, Cho et al. 2024)
+              windowed_rope, fire, cope, xpos, p_rope, fox, dape), optionally
+              NAME:randomized (Ruoss et al. 2023) or NAME:coupled (position
+              coupling, Cho et al. 2024), and SPEC+stick_breaking for
+              stick-breaking attention (model.normalization)
   task=NAME   copy | reverse | duplicate
   size=NAME   cpu (default) | paper (Delétang et al. 2022 / Ruoss et al. 2023:
               5 layers, d_model 64, 8 heads, batch 128, train lengths 1–40,
@@ -52,7 +54,13 @@ ENCODINGS = ('none', 'sinusoidal', 'learned', 'rope', 'alibi', 'hard_alibi',
              'learned_window', 'rope:coupled', 'windowed_rope:coupled')
 # Every encoding of the project (`:size=all`): the above, the research
 # relative biases and randomized positions.
-ALL_ENCODINGS = ENCODINGS + ('t5', 'kerple', 'learned:randomized', 'rope:randomized')
+# The 2024-25 methods (`:size=frontier`): FIRE, CoPE, xPos, p-RoPE, forgetting
+# attention, DAPE, and stick-breaking attention with no encoding (as its paper
+# trains it); 'SPEC+stick_breaking' is SPEC with model.normalization=stick_breaking.
+STICK_BREAKING = '+stick_breaking'  # the suffix (attention_jax.lab.models.STICK_BREAKING_SUFFIX)
+FRONTIER = ('fire', 'cope', 'xpos', 'p_rope', 'fox', 'dape', 'none+stick_breaking')
+ALL_ENCODINGS = ENCODINGS + ('t5', 'kerple', 'learned:randomized',
+                             'rope:randomized') + FRONTIER
 
 
 def _parse(arg):
@@ -64,8 +72,9 @@ def _parse(arg):
           f'bad config argument {item!r}; expected key=value with key in '
           f'{sorted(preset)}, e.g. configs/copy.py:encoding=rope,size=paper.')
     preset[key] = value
-  if preset['size'] not in ('cpu', 'paper', 'tiny', 'generalize', 'all'):
-    raise ValueError(f"size={preset['size']!r}: choose cpu, paper, tiny, generalize or all.")
+  if preset['size'] not in ('cpu', 'paper', 'tiny', 'generalize', 'all', 'frontier'):
+    raise ValueError(f"size={preset['size']!r}: choose cpu, paper, tiny, generalize, all or "
+                     'frontier.')
   return preset
 
 
@@ -87,7 +96,7 @@ def get_config(arg=None):
   c.model.kind = 'transformer'  # transformer | seq2seq | seq2seq_attention (GRU, lesson 7.1)
   # A registry name (attention_jax.ENCODINGS), or NAME:randomized to train on
   # randomized positions (Ruoss et al. 2023; see `positions` below).
-  c.model.encoding = preset['encoding'] or 'rope'
+  c.model.encoding = (preset['encoding'] or 'rope').removesuffix(STICK_BREAKING)
   # Keyword options per encoding, passed to its `build` when that encoding
   # is used: model.encoding_options.NAME.OPTION (--config.model.encoding_options.t5.num_buckets=64).
   c.model.encoding_options = ml_collections.ConfigDict()
@@ -185,7 +194,8 @@ def get_config(arg=None):
   # How scores become weights: softmax | stick_breaking (Tan et al. 2025: each key,
   # nearest first, takes σ(z) of the stick the later keys left; the rest goes to the
   # query's own value). Any encoding; dense and chunked kernels.
-  c.model.normalization = 'softmax'
+  c.model.normalization = ('stick_breaking' if (preset['encoding'] or '').endswith(STICK_BREAKING)
+                           else 'softmax')
   # stick_breaking only: query i also breaks a share for key i (the official
   # attend_current; default False, keys j < i).
   c.model.stick_breaking_attend_current = False
@@ -267,10 +277,13 @@ def get_config(arg=None):
     c.eval.lengths = (1, 2, 4, 8, 10, 16, 32, 64)  # the issue's checkpoints (faster than every length)
     c.eval.rope_scalings = ()  # no PI/NTK/YaRN rows: coupled ids stay in the trained range
     c.study.seeds = (0, 1, 2)  # measured: 100.0 ± 0.0% exact at 32 and at 64 (train ~40–70 s each)
-  elif preset['size'] == 'all':
-    # The default model on every task and every encoding of the project.
+  elif preset['size'] in ('all', 'frontier'):
+    # The default model on every task, with every encoding of the project
+    # ('all') or the 2024-25 methods only ('frontier': the same runs as
+    # those of 'all', so one workdir can hold both).
     c.study.tasks = ('copy', 'reverse', 'duplicate')
-    c.study.encodings = (preset['encoding'],) if preset['encoding'] else ALL_ENCODINGS
+    swept = ALL_ENCODINGS if preset['size'] == 'all' else FRONTIER
+    c.study.encodings = (preset['encoding'],) if preset['encoding'] else swept
   elif preset['size'] == 'tiny':
     c.model.update(d_model=16, num_heads=2, num_layers=1, mlp_dim=32)
     c.task.train_max_length = 4

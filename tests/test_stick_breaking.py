@@ -18,6 +18,7 @@ from attention_jax.attention.dense import dense_kernel
 from attention_jax.attention.normalization import StickBreaking
 from attention_jax.attention.scores import DifferenceBias
 from attention_jax.lab import identity
+from attention_jax.lab import study
 from attention_jax.lab import models
 from attention_jax.lab.validate import ConfigError
 from attention_jax.lab.validate import validate_config
@@ -259,6 +260,21 @@ class StickBreakingTest(chex.TestCase, parameterized.TestCase):
         c.model[key] = value
       with self.assertRaisesRegex(ConfigError, message):
         validate_config(c)
+
+  def test_stick_breaking_study_entries(self):
+    config = copy_config.get_config('size=tiny')
+    config.study.encodings = ('alibi', 'fox+stick_breaking')
+    validate_config(config, study=True)
+    runs = study.run_configs(config)
+    self.assertEqual([(r.model.encoding, r.model.normalization, study.run_label(r)) for r in runs],
+                     [('alibi', 'softmax', 'alibi'),
+                      ('fox', 'stick_breaking', 'fox+stick_breaking')])
+    one = copy_config.get_config('encoding=none+stick_breaking,size=tiny')
+    self.assertEqual((one.model.encoding, one.model.normalization), ('none', 'stick_breaking'))
+    config.study.encodings = ('fox+softmax',)
+    with self.assertRaisesRegex(ConfigError, r"study.encodings: bad encoding 'fox\+softmax'.*"
+                                r"may end in '\+stick_breaking'"):
+      validate_config(config, study=True)
 
   def test_stick_breaking_fields_absent_from_an_older_run_read_as_softmax(self):
     config = copy_config.get_config('encoding=none,size=tiny')

@@ -9,6 +9,7 @@ functions here are the only place that knows both.
 """
 
 import dataclasses
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -96,6 +97,19 @@ def encoding_options(config: ml_collections.ConfigDict) -> dict:
   encoding NAME (none when the group has no entry for it)."""
   options = config.model.encoding_options.get(encoding_name(config))
   return {} if options is None else dict(options)
+
+
+# A study.encodings entry 'SPEC+stick_breaking' is SPEC with
+# model.normalization='stick_breaking', so a sweep can hold both side by side.
+STICK_BREAKING_SUFFIX = '+stick_breaking'
+
+
+def study_entry(entry: str) -> tuple[str, Optional[str]]:
+  """'SPEC' or 'SPEC+stick_breaking' (a study.encodings entry) -> (SPEC, the
+  model.normalization it sets, or None to keep the config's)."""
+  if entry.endswith(STICK_BREAKING_SUFFIX):
+    return entry[:-len(STICK_BREAKING_SUFFIX)], 'stick_breaking'
+  return entry, None
 
 
 def normalization(config: ml_collections.ConfigDict) -> Normalization:

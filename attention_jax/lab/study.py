@@ -213,6 +213,8 @@ def run_label(config: ml_collections.ConfigDict) -> str:
   'seq2seq_attention') of anything else."""
   if config.model.kind != 'transformer':
     return config.model.kind
+  if config.model.get('normalization', 'softmax') == 'stick_breaking':
+    return config.model.encoding + models.STICK_BREAKING_SUFFIX
   return config.model.encoding
 
 
@@ -233,16 +235,20 @@ def evaluation_variants(config: ml_collections.ConfigDict) -> list[tuple[str, Op
 
 def run_configs(config: ml_collections.ConfigDict) -> list[ml_collections.ConfigDict]:
   """One config per run of the sweep: tasks × (transformer encodings, other
-  model kinds) × seeds."""
+  model kinds) × seeds; an entry 'SPEC+stick_breaking' also sets
+  model.normalization (`models.study_entry`)."""
   runs = []
   for task in config.study.tasks:
     for kind in config.study.models:
       encodings = config.study.encodings if kind == 'transformer' else ('none',)
-      for spec in encodings:
+      for entry in encodings:
+        spec, norm = models.study_entry(entry)
         for seed in config.study.seeds:
           c = ml_collections.ConfigDict(config.to_dict())
           c.task.name, c.model.kind, c.model.encoding, c.train.seed = (
               task, kind, spec, seed)
+          if norm:
+            c.model.normalization = norm
           runs.append(c)
   return runs
 

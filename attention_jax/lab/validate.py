@@ -31,6 +31,8 @@ from attention_jax.positional.rope import SCALINGS
 from attention_jax.lab.models import MODEL_KINDS
 from attention_jax.lab.models import longest_sequence
 from attention_jax.lab.models import randomized_max_position
+from attention_jax.lab.models import STICK_BREAKING_SUFFIX
+from attention_jax.lab.models import study_entry
 
 
 ON_MISMATCH = ('error', 'retrain')  # study.on_mismatch, see lab/identity.py
@@ -189,18 +191,26 @@ def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -
 
   _require(m.d_model % m.num_heads == 0,
            f'model.num_heads={m.num_heads} must divide model.d_model={m.d_model}.')
-  specs = config.study.encodings if study else (m.encoding,)
-  parsed = []
-  for spec in specs:
+  entries = config.study.encodings if study else (m.encoding,)
+  specs, parsed = [], []
+  for entry in entries:
+    spec, norm = study_entry(entry) if study else (entry, None)
+    specs.append((spec, norm))
     try:
       parsed.append(parse_encoding_spec(spec))
     except ValueError as e:
       key = 'study.encodings' if study else 'model.encoding'
-      raise ConfigError(f'invalid config: {key}: {e}') from None
+      suffix = (f" (a study entry may end in '{STICK_BREAKING_SUFFIX}': that encoding with "
+                'model.normalization=stick_breaking)' if study else '')
+      raise ConfigError(f'invalid config: {key}: {e}{suffix}') from None
   _check_encoding_options(m.get('encoding_options'))
   _check_normalization(m)  # before kernel_refusal, which asks the table about it
-  for spec in specs:
-    refusal = kernel_refusal(config, spec)
+  for spec, norm in specs:
+    asked = config
+    if norm:
+      asked = ml_collections.ConfigDict(config.to_dict())
+      asked.model.normalization = norm
+    refusal = kernel_refusal(asked, spec)
     _require(refusal is None, refusal)
   encodings = {name for name, _ in parsed}
   randomized = any(r for _, r in parsed)
@@ -221,7 +231,7 @@ def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -
     for name in task_names:
       c = config.copy_and_resolve_references()
       c.task.name, c.model.kind = name, 'transformer'
-      c.model.encoding = next(spec for spec, (_, r) in zip(specs, parsed) if r)
+      c.model.encoding = next(spec for (spec, _), (_, r) in zip(specs, parsed) if r)
       needed = longest_sequence(c)
       _require(randomized_max_position(c) >= needed,
                f'positions.max_position={config.positions.max_position} is below the {needed} positions '
