@@ -48,10 +48,12 @@ Any field can be overridden: `--config.model.num_heads=8`.
 import ml_collections
 
 # The default study: the lesson's four encodings and NoPE, the published
-# windowed recipe (Hard-ALiBi), our learned window, and coupled ids with RoPE,
-# unwindowed and windowed (ours: the one that generalizes).
+# windowed recipe (Hard-ALiBi), our learned window, two 2024-25 methods (FIRE,
+# the best of them past L_train on copy in `size=frontier`, and forgetting
+# attention, a data-dependent ALiBi), and coupled ids with RoPE, unwindowed
+# and windowed (ours: the one that generalizes).
 ENCODINGS = ('none', 'sinusoidal', 'learned', 'rope', 'alibi', 'hard_alibi',
-             'learned_window', 'rope:coupled', 'windowed_rope:coupled')
+             'learned_window', 'fire', 'fox', 'rope:coupled', 'windowed_rope:coupled')
 # Every encoding of the project (`:size=all`): the above, the research
 # relative biases and randomized positions.
 # The 2024-25 methods (`:size=frontier`): FIRE, CoPE, xPos, p-RoPE, forgetting
@@ -59,8 +61,8 @@ ENCODINGS = ('none', 'sinusoidal', 'learned', 'rope', 'alibi', 'hard_alibi',
 # trains it); 'SPEC+stick_breaking' is SPEC with model.normalization=stick_breaking.
 STICK_BREAKING = '+stick_breaking'  # the suffix (attention_jax.lab.models.STICK_BREAKING_SUFFIX)
 FRONTIER = ('fire', 'cope', 'xpos', 'p_rope', 'fox', 'dape', 'none+stick_breaking')
-ALL_ENCODINGS = ENCODINGS + ('t5', 'kerple', 'learned:randomized',
-                             'rope:randomized') + FRONTIER
+ALL_ENCODINGS = ENCODINGS + ('t5', 'kerple', 'learned:randomized', 'rope:randomized') + tuple(
+    e for e in FRONTIER if e not in ENCODINGS)
 
 
 def _parse(arg):

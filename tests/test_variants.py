@@ -148,11 +148,14 @@ class CachedDecodingTest(chex.TestCase, parameterized.TestCase):
     t = 10
     inputs = jnp.concatenate([prompt, jnp.zeros((2, t - 4), jnp.int32)], 1)
     got = jax.jit(greedy_predictions, static_argnums=())(model, inputs, jnp.array([4, 4]))
-    seq = prompt
+    # Naive: rerun the whole prefix for each new token. The prefix sits in a
+    # fixed-length buffer (one compilation): the model is causal, so the
+    # logits at the prefix's last position ignore the zeros after it.
+    seq = jnp.concatenate([prompt, jnp.zeros((2, t - 4 + 1), jnp.int32)], 1)
     full = jax.jit(lambda tokens: model(tokens))
-    for _ in range(t - 4 + 1):  # naive: rerun the whole prefix for each new token
-      nxt = jnp.argmax(full(seq)[:, -1], -1).astype(jnp.int32)
-      seq = jnp.concatenate([seq, nxt[:, None]], 1)
+    for n in range(4, t + 1):
+      nxt = jnp.argmax(full(seq)[:, n - 1], -1).astype(jnp.int32)
+      seq = seq.at[:, n].set(nxt)
     np.testing.assert_array_equal(got[:, 3:], seq[:, 4:t + 1])
 
   @parameterized.named_parameters(
