@@ -5,9 +5,9 @@ The default preset is the study `make experiment` runs on a 2-core CPU:
   python -m experiments.length_extrapolation --config=configs/copy.py \
       --workdir=runs/copy
 
-It trains 27 models (encodings none, sinusoidal, learned, rope, alibi,
-hard_alibi, learned_window, rope:coupled, windowed_rope:coupled × seeds 0, 1,
-2; the seeds of one encoding in one compiled program, two encodings side by
+It trains 33 models (encodings none, sinusoidal, learned, rope, alibi,
+hard_alibi, learned_window, fire, fox, rope:coupled, windowed_rope:coupled ×
+seeds 0, 1, 2; the seeds of one encoding in one compiled program, two encodings side by
 side) on `copy` with inputs of length 1–8, evaluates every model at 15 input
 lengths from 1 to 64 (1–8, then 1.25×, 1.5×, 2×, 3×, 4×, 6×, 8× the training
 maximum) under teacher forcing and by greedy generation, evaluates the RoPE
@@ -15,9 +15,9 @@ models again with three context extensions (rows rope+pi, rope+ntk,
 rope+yarn; the official YaRN), and writes results.csv, summary.md and
 extrapolation.png to the workdir. Expected: every encoding near 100% token
 accuracy in the training range; past it, the curves separate, and only
-windowed_rope:coupled copies 4× and 8× longer strings exactly (see the
-README for a real run, its numbers and its wall time: 13.5 minutes on a
-2-core CPU).
+windowed_rope:coupled copies 4× and 8× longer strings exactly; fire and
+learned_window get about 70% of strings right at 2× (see the README for a
+real run, its numbers and its wall time: 12 minutes on a 2-core CPU).
 
 One model: `python -m experiments.train --config=configs/copy.py:encoding=rope
 --workdir=runs/one`. Presets by `:arg`, comma-separated `key=value`:
