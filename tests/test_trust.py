@@ -292,6 +292,11 @@ class ConfigErrorTest(parameterized.TestCase):
       (dict(model__encoding='t5', model__attention_implementation='chunked'),
        "model.attention_implementation='chunked' with 't5': .*not linear"),
       (dict(model__encoding='kerple', model__attention_implementation='chunked'), "with 'kerple'"),
+      # Bad option values, on the default kernel too: refused before a file is written.
+      (dict(model__encoding='hard_alibi', model__encoding_options={'hard_alibi': {'widths': (0,)}}),
+       r'model.encoding_options.hard_alibi: hard_alibi: widths=\(0,\) must be integers >= 1'),
+      (dict(model__encoding='xpos', model__encoding_options={'xpos': {'scale_base': -1.0}}),
+       'model.encoding_options.xpos: xpos: scale_base=-1.0 must be'),
       (dict(model__encoding='alibi:randomized', model__attention_implementation='chunked'),
        "'chunked' with 'alibi:randomized'"),
       (dict(train__learning_rate=-1e-3), 'train.learning_rate=-0.001 must be > 0'),

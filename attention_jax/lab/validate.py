@@ -104,15 +104,18 @@ def kernel_refusal(config: ml_collections.ConfigDict, spec: str) -> Optional[str
   if m.attention_implementation not in IMPLEMENTATIONS:
     return (f'model.attention_implementation={m.attention_implementation!r}: choose one of '
             f'{IMPLEMENTATIONS}.')
-  if m.attention_implementation in ('auto', 'dense'):
-    return None
   name, _, modifier = spec.partition(':')
   options = (m.get('encoding_options') or {}).get(name) or {}
-  try:
-    encoding = make_encoding(name, d_model=m.d_model, num_heads=m.num_heads, max_positions=8,
+  try:  # bad option values fail here, before any file is written
+    encoding = make_encoding(name, d_model=m.d_model, num_heads=m.num_heads,
+                             max_positions=max(8, m.get('max_positions') or 0),
                              causal=True, rngs=nnx.Rngs(0), **dict(options))
-  except ValueError as e:
+  except (ValueError, TypeError) as e:
+    if not options and m.attention_implementation in ('auto', 'dense'):
+      return None  # not the options: the model checks below name the field
     return f'model.encoding_options.{name}: {e}'
+  if m.attention_implementation in ('auto', 'dense'):
+    return None
   positions = np.array([0, 2, 5]) if modifier else np.arange(3)
   bias = _score_spec(encoding, m.d_model, m.num_heads, positions)
   request = Request(t_k=len(positions), dtype=jnp.float32, head_dim=m.d_model // m.num_heads,
