@@ -247,7 +247,9 @@ def get_config(arg=None):
   c.study.tasks = (preset['task'],)  # tasks swept by length_extrapolation.py
   c.study.models = ('transformer',)  # model kinds swept; encodings apply to transformers
   c.study.encodings = (preset['encoding'],) if preset['encoding'] else ENCODINGS  # encodings swept
-  c.study.seeds = (0, 1, 2)  # training seeds swept (overrides train.seed)
+  # Training seeds swept (overrides train.seed), distinct integers >= 0; three seeds are
+  # --config.study.seeds='(0,1,2)' (a bare 3 is the one seed 3).
+  c.study.seeds = (0, 1, 2)
   c.study.vmap_seeds = True  # train the seeds of one setup in one compiled program (jax.vmap); False: one after another
   # Setups (task × model × encoding) trained and evaluated at once, in threads:
   # XLA runs their programs side by side, filling cores one small model leaves

@@ -315,6 +315,13 @@ class ConfigErrorTest(parameterized.TestCase):
     with self.assertRaisesRegex(ConfigError, message):
       validate_config(_config(**overrides))
 
+  def test_study_seeds_are_distinct_and_not_negative(self):
+    for seeds, message in (((-1,), r'study.seeds=\(-1,\) must be distinct integers >= 0'),
+                           ((0, 0), r'study.seeds=\(0, 0\) must be distinct.*bare 3')):
+      with self.assertRaisesRegex(ConfigError, message):
+        validate_config(_config(study__seeds=seeds), study=True)
+    validate_config(_config(study__seeds=(3,)), study=True)
+
   def test_chunked_serves_encodings_without_a_dense_bias(self):
     for spec in ('none', 'rope', 'alibi', 'learned', 'rope:randomized'):
       validate_config(_config(model__encoding=spec, model__attention_implementation='chunked'))

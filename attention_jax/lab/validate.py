@@ -187,6 +187,12 @@ def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -
   _check_names((m.attention_score,), SCORES, 'model.attention_score')
   if study:
     _require(len(config.study.seeds) >= 1, 'study.seeds is empty.')
+    seeds = tuple(config.study.seeds)
+    _require(all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in seeds)
+             and len(set(seeds)) == len(seeds),
+             f'study.seeds={seeds!r} must be distinct integers >= 0 (a run directory '
+             'seedN-K is a retrained sibling, so negative seeds are refused); '
+             "three seeds are --config.study.seeds='(0,1,2)', a bare 3 is seed 3 alone.")
   _check_names((config.study.get('on_mismatch', 'error'),), ON_MISMATCH, 'study.on_mismatch')
   _check_positive(config.study, [k for k in ('parallel_setups',) if k in config.study], 'study')
   if 'transformer' not in kinds:
