@@ -92,3 +92,24 @@ def backward_block(q_blk, do_blk, lse_blk, delta_blk, k_blk, v_blk, k_t_blk, q_s
   if qv_blk is None:
     return dq_t, dk, dv, None, None
   return dq_t, dk, dv, dbias_t.sum(1), -dbias_t.sum(2)
+
+
+def pad_to(x, axis, multiple):
+  """Zeros appended to `axis` of x up to a multiple of `multiple`."""
+  pad = -x.shape[axis] % multiple
+  if not pad:
+    return x
+  widths = [(0, 0)] * x.ndim
+  widths[axis] = (0, pad)
+  return jnp.pad(x, widths)
+
+
+def difference_rows(difference, b, h, t_q, t_k):
+  """(q_values `[B|1, H, T_q]`, k_values `[B|1, H, T_k]`) -> float32 rows
+  `[B · H, T_q]`, `[B · H, T_k]`, one per (example, head) like q's rows."""
+  q_values, k_values = (jnp.asarray(x, jnp.float32) for x in difference)
+  if q_values.shape[1:] != (h, t_q) or k_values.shape[1:] != (h, t_k):
+    raise ValueError(f'difference bias values {q_values.shape} and {k_values.shape} for '
+                     f'H={h}, T_q={t_q}, T_k={t_k}: need [B|1, H, T_q] and [B|1, H, T_k].')
+  rows = lambda x, t: jnp.broadcast_to(x, (b, h, t)).reshape(b * h, t)
+  return rows(q_values, t_q), rows(k_values, t_k)

@@ -56,15 +56,9 @@ import jax
 import jax.numpy as jnp
 
 from attention_jax.attention.blocks import block_scores
+from attention_jax.attention.blocks import difference_rows
+from attention_jax.attention.blocks import pad_to
 from attention_jax.attention.heads import repeat_kv_heads
-
-
-def _pad_rows(x, multiple):
-  """Pads axis 1 of a row array `[N, T, ...]` with zeros to a multiple."""
-  pad = -x.shape[1] % multiple
-  if not pad:
-    return x
-  return jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
 
 
 def _slice(x, start, size):
@@ -274,15 +268,11 @@ def chunked_stick_breaking(
     slopes = jnp.tile(slopes, b)
   qv = kv = None
   if difference is not None:
-    values = [jnp.asarray(x, jnp.float32) for x in difference]
-    if any(x.ndim != 3 or x.shape[0] not in (1, b) or x.shape[1:] != (h, t) for x in values):
-      raise ValueError(f'difference values {[x.shape for x in values]} for B={b}, H={h}, '
-                       f'T={t}: need [B|1, H, T] each.')
-    qv, kv = (jnp.broadcast_to(x, (b, h, t)).reshape(b * h, t) for x in values)
-    qv, kv = _pad_rows(qv, q_chunk), _pad_rows(kv, k_chunk)
+    qv, kv = difference_rows(difference, b, h, t, t)
+    qv, kv = pad_to(qv, 1, q_chunk), pad_to(kv, 1, k_chunk)
   options = (('q_chunk', q_chunk), ('k_chunk', k_chunk), ('t', t), ('window', window),
              ('attend_current', bool(attend_current)))
-  out = _rows(_pad_rows(q_r, q_chunk), _pad_rows(k_r, k_chunk), _pad_rows(v_r, k_chunk),
-              _pad_rows(v_r, q_chunk), kv_len, slopes, qv, kv, options)
+  out = _rows(pad_to(q_r, 1, q_chunk), pad_to(k_r, 1, k_chunk), pad_to(v_r, 1, k_chunk),
+              pad_to(v_r, 1, q_chunk), kv_len, slopes, qv, kv, options)
   out = out[:, :t].reshape(b, h, t, -1)
   return jnp.transpose(out, (0, 2, 1, 3)).astype(v.dtype)

@@ -44,6 +44,8 @@ import jax.numpy as jnp
 from attention_jax.attention import blockwise_scan
 from attention_jax.attention import blockwise_unrolled
 from attention_jax.attention.blockwise_stick_breaking import chunked_stick_breaking
+from attention_jax.attention.blocks import difference_rows
+from attention_jax.attention.blocks import pad_to
 from attention_jax.attention.heads import repeat_kv_heads
 
 STRATEGIES = ('scan', 'unrolled', 'auto')
@@ -55,15 +57,6 @@ UNROLLED_MAX_LENGTH = 2048
 # the 2-core CPU (benchmarks/README.md).
 _DEFAULTS = {'scan': dict(q_chunk=512, heads_per_step=8),
              'unrolled': dict(q_chunk=128, heads_per_step=1)}
-
-
-def _pad_to(x, axis, multiple):
-  pad = -x.shape[axis] % multiple
-  if not pad:
-    return x
-  widths = [(0, 0)] * x.ndim
-  widths[axis] = (0, pad)
-  return jnp.pad(x, widths)
 
 
 def _groups(x, g):
@@ -185,33 +178,22 @@ def chunked_attention(
   # One row per (example, head), [B · H, T, D]: every block is then a plain
   # slice, and the matmuls batch over the leading axis only.
   rows = lambda x: jnp.transpose(x, (0, 2, 1, 3)).reshape(b * h, x.shape[1], x.shape[3])
-  q_r, k_r, v_r = _pad_to(rows(q), 1, q_chunk), rows(k), rows(v)
+  q_r, k_r, v_r = pad_to(rows(q), 1, q_chunk), rows(k), rows(v)
   if strategy == 'scan':
-    k_r, v_r = _pad_to(k_r, 1, k_chunk), _pad_to(v_r, 1, k_chunk)
+    k_r, v_r = pad_to(k_r, 1, k_chunk), pad_to(v_r, 1, k_chunk)
   row_kv_len = jnp.repeat(kv_lengths, h)
   row_slopes = None if alibi_slopes is None else jnp.tile(alibi_slopes, b)
   qv_r = kv_r = None
   if difference is not None:
-    qv_r, kv_r = _difference_rows(difference, b, h, t_q, t_k)
-    qv_r = _pad_to(qv_r, 1, q_chunk)
+    qv_r, kv_r = difference_rows(difference, b, h, t_q, t_k)
+    qv_r = pad_to(qv_r, 1, q_chunk)
     if strategy == 'scan':
-      kv_r = _pad_to(kv_r, 1, k_chunk)
+      kv_r = pad_to(kv_r, 1, k_chunk)
   group = math.gcd(b * h, heads_per_step)
   out = _chunked(q_r, k_r, v_r, row_kv_len, row_slopes, qv_r, kv_r, strategy, causal,
                  q_chunk, k_chunk, t_k, window, group)
   out = out[:, :t_q].reshape(b, h, t_q, -1)
   return jnp.transpose(out, (0, 2, 1, 3)).astype(v.dtype)
-
-
-def _difference_rows(difference, b, h, t_q, t_k):
-  """(q_values `[B|1, H, T_q]`, k_values `[B|1, H, T_k]`) -> float32 rows
-  `[B · H, T_q]`, `[B · H, T_k]`, one per (example, head) like q's rows."""
-  q_values, k_values = (jnp.asarray(x, jnp.float32) for x in difference)
-  if q_values.shape[1:] != (h, t_q) or k_values.shape[1:] != (h, t_k):
-    raise ValueError(f'difference bias values {q_values.shape} and {k_values.shape} for '
-                     f'H={h}, T_q={t_q}, T_k={t_k}: need [B|1, H, T_q] and [B|1, H, T_k].')
-  rows = lambda x, t: jnp.broadcast_to(x, (b, h, t)).reshape(b * h, t)
-  return rows(q_values, t_q), rows(k_values, t_k)
 
 
 def chunked_kernel(q, k, v, *, mask, bias, slopes, causal, window, kv_lengths,

@@ -29,8 +29,10 @@ trace time even under `jax.jit`, and linear biases can be recognised.
 """
 
 import dataclasses
+import math
 from typing import Optional
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -93,6 +95,14 @@ def heads_rank4(bias: jnp.ndarray) -> jnp.ndarray:
   """A per-head bias `[H, T_q, T_k]` (positions `[T]`) or `[B, H, T_q, T_k]`
   (positions `[B, T]`) -> rank 4 `[1|B, H, T_q, T_k]`."""
   return bias[None] if bias.ndim == 3 else bias
+
+
+def torch_linear_init(key, fan_in: int, shape) -> jnp.ndarray:
+  """PyTorch's `nn.Linear` default (weights and biases alike): uniform in
+  ±1/√fan_in, so a port of a PyTorch
+  model (FIRE's and DAPE's MLPs) starts where the official code's does."""
+  bound = 1.0 / math.sqrt(fan_in)
+  return jax.random.uniform(key, shape, jnp.float32, -bound, bound)
 
 
 class PositionalEncoding(nnx.Module):

@@ -89,6 +89,7 @@ from attention_jax.attention.scores import DenseBias
 from attention_jax.positional.alibi import alibi_bias_at
 from attention_jax.positional.alibi import alibi_slopes
 from attention_jax.positional.base import PositionalEncoding
+from attention_jax.positional.base import torch_linear_init
 from attention_jax.positional.base import ScoreContext
 from attention_jax.positional.base import heads_rank4
 from attention_jax.positional.kerple import kerple_log_bias
@@ -158,13 +159,6 @@ def _floor_straight_through(x: jnp.ndarray, floor: float) -> jnp.ndarray:
   return x + jax.lax.stop_gradient(jnp.maximum(x, floor) - x)
 
 
-def _torch_linear_init(key, fan_in: int, shape) -> jnp.ndarray:
-  """PyTorch's `nn.Linear` default (weights and biases alike): uniform in
-  ±1/√fan_in, so a model starts where the official code's does."""
-  bound = 1.0 / math.sqrt(fan_in)
-  return jax.random.uniform(key, shape, jnp.float32, -bound, bound)
-
-
 def _check_options(base, mlp_width, rngs) -> None:
   if not isinstance(base, str) or base not in BASES:
     raise ValueError(f'dape: base={base!r} must be one of {list(BASES)}.')
@@ -193,10 +187,10 @@ class DAPE(PositionalEncoding):
       self.kerple_p = nnx.Param(2.0 * jax.random.uniform(rngs.params(), (num_heads,)))
       self.kerple_a = nnx.Param(jax.random.uniform(rngs.params(), (num_heads,)))
     fan_in = 2 * num_heads
-    self.w1 = nnx.Param(_torch_linear_init(rngs.params(), fan_in, (fan_in, mlp_width)))
-    self.b1 = nnx.Param(_torch_linear_init(rngs.params(), fan_in, (mlp_width,)))
-    self.w2 = nnx.Param(_torch_linear_init(rngs.params(), mlp_width, (mlp_width, num_heads)))
-    self.b2 = nnx.Param(_torch_linear_init(rngs.params(), mlp_width, (num_heads,)))
+    self.w1 = nnx.Param(torch_linear_init(rngs.params(), fan_in, (fan_in, mlp_width)))
+    self.b1 = nnx.Param(torch_linear_init(rngs.params(), fan_in, (mlp_width,)))
+    self.w2 = nnx.Param(torch_linear_init(rngs.params(), mlp_width, (mlp_width, num_heads)))
+    self.b2 = nnx.Param(torch_linear_init(rngs.params(), mlp_width, (num_heads,)))
 
   @classmethod
   def build(cls, *, d_model, num_heads, max_positions, causal, rngs, base: str = 'kerple',

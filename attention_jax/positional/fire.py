@@ -63,7 +63,6 @@ bias is the same function for both; it cannot tell left from right. The
 normaliser stays max(L, i), so keys at j > i can give inputs above 1.
 """
 
-import math
 
 import jax
 import jax.numpy as jnp
@@ -72,6 +71,7 @@ from flax import nnx
 
 from attention_jax.attention.scores import relative_distance
 from attention_jax.positional.base import PositionalEncoding
+from attention_jax.positional.base import torch_linear_init
 from attention_jax.positional.base import heads_rank4
 
 
@@ -118,13 +118,6 @@ def _check_positive(name: str, value) -> float:
   return float(value)
 
 
-def _torch_linear_init(key, fan_in: int, shape) -> jnp.ndarray:
-  """PyTorch's `nn.Linear` default (weights and biases alike): uniform in
-  ±1/√fan_in, so a model starts where the reference code's does."""
-  bound = 1.0 / math.sqrt(fan_in)
-  return jax.random.uniform(key, shape, jnp.float32, -bound, bound)
-
-
 class FIRE(PositionalEncoding):
   """'fire': a learned MLP of the log-normalised distance, one output per head."""
 
@@ -135,10 +128,10 @@ class FIRE(PositionalEncoding):
     self.num_heads = num_heads
     self.eps = float(eps)  # static: a constant of the graph
     self.init_threshold = float(init_threshold)  # L₀, not trained (the code's frozen init_L)
-    self.w1 = nnx.Param(_torch_linear_init(rngs.params(), 1, (1, mlp_width)))
-    self.b1 = nnx.Param(_torch_linear_init(rngs.params(), 1, (mlp_width,)))
-    self.w2 = nnx.Param(_torch_linear_init(rngs.params(), mlp_width, (mlp_width, num_heads)))
-    self.b2 = nnx.Param(_torch_linear_init(rngs.params(), mlp_width, (num_heads,)))
+    self.w1 = nnx.Param(torch_linear_init(rngs.params(), 1, (1, mlp_width)))
+    self.b1 = nnx.Param(torch_linear_init(rngs.params(), 1, (mlp_width,)))
+    self.w2 = nnx.Param(torch_linear_init(rngs.params(), mlp_width, (mlp_width, num_heads)))
+    self.b2 = nnx.Param(torch_linear_init(rngs.params(), mlp_width, (num_heads,)))
     self.c = nnx.Param(jnp.asarray(init_c, jnp.float32))
     self.threshold_scale = nnx.Param(jnp.asarray(1.0, jnp.float32))  # the code's L_multiplier
 

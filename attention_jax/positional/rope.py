@@ -135,6 +135,19 @@ def scaled_rope_frequencies(head_dim: int, base: float,
   return (1 - ramp) * theta + ramp * theta / s, yarn_temperature(s)
 
 
+def check_rotary_inputs(name: str, x: jnp.ndarray, positions) -> jnp.ndarray:
+  """`positions` as an array, after checking that x is `[..., T, H, D]` and
+  positions `[..., T]` (a ValueError naming `name` otherwise)."""
+  positions = jnp.asarray(positions)
+  if x.ndim < 3:
+    raise ValueError(f'{name} takes x [..., T, H, D], got shape {x.shape}.')
+  if positions.ndim < 1 or positions.shape[-1] != x.shape[-3]:
+    raise ValueError(
+        f'positions {positions.shape} must end in the length axis of x '
+        f'{x.shape} (x is [..., T, H, D], positions [..., T]).')
+  return positions
+
+
 def apply_rope(x: jnp.ndarray, positions: jnp.ndarray,
                base: float = 10000.0, *, frequencies: Optional[np.ndarray] = None,
                ) -> jnp.ndarray:
@@ -144,13 +157,7 @@ def apply_rope(x: jnp.ndarray, positions: jnp.ndarray,
   whole batch, `[B, T]` per example). `frequencies` `[D/2]` replace the
   plain θ (context extension). Returns an array like `x`.
   """
-  positions = jnp.asarray(positions)
-  if x.ndim < 3:
-    raise ValueError(f'apply_rope takes x [..., T, H, D], got shape {x.shape}.')
-  if positions.ndim < 1 or positions.shape[-1] != x.shape[-3]:
-    raise ValueError(
-        f'positions {positions.shape} must end in the length axis of x '
-        f'{x.shape} (x is [..., T, H, D], positions [..., T]).')
+  positions = check_rotary_inputs('apply_rope', x, positions)
   if frequencies is None:
     frequencies = rope_frequencies(x.shape[-1], base)
   angles = rotation_angles(positions, frequencies)

@@ -89,6 +89,7 @@ import numpy as np
 
 from attention_jax.positional.angles import rotation_angles
 from attention_jax.positional.base import PositionalEncoding
+from attention_jax.positional.rope import check_rotary_inputs
 from attention_jax.positional.rope import rope_frequencies
 
 
@@ -142,13 +143,7 @@ def apply_xpos(x: jnp.ndarray, positions: jnp.ndarray, *, frequencies: np.ndarra
   range is not checked here (`XPos` checks static positions). Returns an
   array like `x`.
   """
-  positions = jnp.asarray(positions)
-  if x.ndim < 3:
-    raise ValueError(f'apply_xpos takes x [..., T, H, D], got shape {x.shape}.')
-  if positions.ndim < 1 or positions.shape[-1] != x.shape[-3]:
-    raise ValueError(
-        f'positions {positions.shape} must end in the length axis of x '
-        f'{x.shape} (x is [..., T, H, D], positions [..., T]).')
+  positions = check_rotary_inputs('apply_xpos', x, positions)
   angles = rotation_angles(positions, frequencies)  # [..., T, D/2]; checks the dtype
   # Integer subtraction first: p - c is exact, and exact in float32 below 2^24.
   offset = (positions.astype(jnp.int32) - jnp.int32(centre)).astype(jnp.float32)
