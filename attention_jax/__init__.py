@@ -28,6 +28,7 @@ from attention_jax.attention import relative_distance
 from attention_jax.attention import scaled_dot_product_attention
 from attention_jax.attention import sliding_window_mask
 from attention_jax.attention import stick_breaking_attention
+from attention_jax.attention import WindowBias
 from attention_jax.nn import AdditiveAttention
 from attention_jax.nn import MultiHeadAttention
 from attention_jax.nn import Seq2Seq
@@ -51,7 +52,7 @@ __all__ = [
     'scaled_dot_product_attention', 'sliding_window_mask', 'stick_breaking_attention',
     'StickBreaking',
     # What an encoding adds to the scores, and what it may read to do so.
-    'DenseBias', 'DifferenceBias', 'LinearBias', 'NoBias', 'ScoreContext',
+    'DenseBias', 'DifferenceBias', 'LinearBias', 'NoBias', 'ScoreContext', 'WindowBias',
     # Modules and generation (attention_jax.nn).
     'AdditiveAttention', 'MultiHeadAttention', 'Seq2Seq', 'SelfAttention',
     'TransformerLM', 'generate',

@@ -1,5 +1,7 @@
 """Choosing an attention implementation: 'auto', and clear refusals."""
 
+from unittest import mock
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -10,6 +12,8 @@ from flax import nnx
 import attention_jax as aj
 from attention_jax.attention import KERNELS
 from attention_jax.attention import Request
+from attention_jax.attention import dispatch
+from attention_jax.attention.dispatch import obstacles
 from attention_jax.attention import scaled_dot_product_attention
 from attention_jax.attention import select_implementation
 
@@ -30,7 +34,7 @@ class SelectTest(parameterized.TestCase):
 
   def test_auto_on_gpu_picks_cudnn_when_it_can(self):
     self.assertEqual(_select('auto', 64, backend='gpu'), 'cudnn')
-    self.assertEqual(_select('auto', 4096, backend='gpu', dtype=jnp.float32), 'chunked')
+    self.assertEqual(_select('auto', 4096, backend='gpu', dtype=jnp.float32), 'pallas_gpu')
     self.assertEqual(_select('auto', 4096, backend='gpu', return_weights=True), 'dense')
     bias = 'the bias of T5RelativeBias, which is not linear in i - j'
     self.assertEqual(_select('auto', 4096, backend='gpu', dense_bias=bias), 'cudnn')
@@ -55,9 +59,74 @@ class SelectTest(parameterized.TestCase):
       aj.scaled_dot_product_attention(q, q, q, implementation='dense', chunked_strategy='fast')
 
   def test_the_table_is_what_auto_walks(self):
-    self.assertEqual(list(KERNELS), ['cudnn', 'chunked', 'dense'])
-    self.assertEqual(aj.attention.IMPLEMENTATIONS, ('cudnn', 'chunked', 'dense', 'auto'))
+    order = ['cudnn', 'splash', 'pallas_tpu', 'pallas_gpu', 'chunked', 'tpu_flash', 'dense']
+    self.assertEqual(list(KERNELS), order)
+    self.assertEqual(aj.attention.IMPLEMENTATIONS, (*order, 'auto'))
     self.assertTrue(KERNELS['dense'].weights and not KERNELS['chunked'].dense_mask)
+
+
+class CudnnRulesTest(parameterized.TestCase):
+  """cuDNN's restrictions, as obstacles of its row (no GPU needed)."""
+
+  def _cudnn(self, **kw):
+    return obstacles('cudnn', Request(**dict(dict(t_k=128, **CALL), **kw)), 'gpu')
+
+  def test_a_window_needs_causal(self):
+    self.assertEqual(self._cudnn(window=16, causal=True), [])
+    self.assertEqual(self._cudnn(window=16, causal=True, kv_lengths=True), [])
+    self.assertEqual(self._cudnn(window=16), [
+        'window=16 without causal=True (it serves a causal, left-only window)'])
+    with self.assertRaisesRegex(ValueError, "'cudnn' cannot serve this call: window=16 "
+                                'without causal=True'):
+      _select('cudnn', 128, backend='gpu', window=16)
+    # 'auto' then falls back to a kernel with symmetric windows.
+    self.assertEqual(_select('auto', 4096, backend='gpu', window=16), 'pallas_gpu')
+
+  def test_our_window_reaches_jax_nn_as_a_left_window(self):
+    # jax.nn's XLA path stands in for cuDNN (same arguments, same semantics).
+    keys = jax.random.split(jax.random.key(0), 3)
+    q, k, v = (jax.random.normal(kk, (2, 16, 2, 8), jnp.bfloat16) for kk in keys)
+    # Every query keeps a key (jax.nn gives a row with none no zeros, unlike dense.py).
+    kw = dict(causal=True, window=5, kv_lengths=jnp.array([16, 12]))
+    real, calls = jax.nn.dot_product_attention, []
+    def xla(*args, implementation, **options):
+      calls.append(options)
+      return real(*args, implementation='xla', **options)
+    with mock.patch.object(dispatch, 'current_backend', return_value='gpu'), \
+         mock.patch.object(jax.nn, 'dot_product_attention', xla):
+      got = scaled_dot_product_attention(q, k, v, implementation='cudnn', **kw)
+    self.assertEqual(calls[0]['local_window_size'], (4, 0))
+    want = scaled_dot_product_attention(q, k, v, implementation='dense', **kw)
+    chex.assert_trees_all_close(got.astype(jnp.float32), want.astype(jnp.float32),
+                                atol=2e-2)
+
+  def test_a_mask_or_bias_must_be_full_along_the_lengths(self):
+    self.assertEqual(self._cudnn(dense_mask=True), [])
+    self.assertEqual(self._cudnn(dense_bias='a dense bias array', score_broadcast=True),
+                     ['a mask or bias broadcast along T_q or T_k (it takes them '
+                      '[.., T_q, T_k])'])
+    q = jnp.ones((1, 8, 2, 8), jnp.bfloat16)
+    with mock.patch.object(dispatch, 'current_backend', return_value='gpu'):
+      with self.assertRaisesRegex(ValueError, "'cudnn' cannot serve this call: a mask or "
+                                  r'bias broadcast along T_q or T_k \(it takes'):
+        scaled_dot_product_attention(q, q, q, bias=jnp.ones((1, 1, 1, 8)),
+                                     implementation='cudnn')
+
+  @parameterized.parameters('dense_mask', 'linear_bias', 'difference_bias', 'window_bias')
+  def test_a_mask_or_bias_needs_even_lengths(self, kind):
+    self.assertEqual(self._cudnn(t_q=128, t_k=130, **{kind: True}), [])
+    self.assertEqual(self._cudnn(t_q=127, t_k=127, **{kind: True}), [
+        'with a mask or bias, T_q and T_k multiples of 2 (got T_q=127, T_k=127)'])
+    self.assertEqual(self._cudnn(t_q=127, t_k=127, causal=True, kv_lengths=True), [])
+
+  def test_head_dims_value_dims_and_dtypes(self):
+    self.assertEqual(self._cudnn(head_dim=128, gqa=True), [])
+    self.assertEqual(self._cudnn(head_dim=136), [
+        'head_dim a multiple of 8 up to 128 (got 136)'])
+    self.assertEqual(self._cudnn(v_head_dim=32), ['D_v == D (got D=64, D_v=32)'])
+    self.assertEqual(self._cudnn(dtype=jnp.float32),
+                     ['float16 or bfloat16 inputs (got float32)'])
+    self.assertEqual(self._cudnn(dtype=jnp.float16), [])
 
 
 class FunctionTest(chex.TestCase, parameterized.TestCase):

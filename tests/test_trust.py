@@ -288,10 +288,15 @@ class ConfigErrorTest(parameterized.TestCase):
 
   @parameterized.parameters(
       (dict(model__attention_implementation='flash'), "model.attention_implementation='flash': "
-       r"choose one of \('cudnn', 'chunked', 'dense', 'auto'\)"),
+       r"choose one of \('cudnn', 'splash', 'pallas_tpu', 'pallas_gpu', 'chunked', "
+       r"'tpu_flash', 'dense', 'auto'\)"),
       (dict(model__encoding='t5', model__attention_implementation='chunked'),
        "model.attention_implementation='chunked' with 't5': .*not linear"),
       (dict(model__encoding='kerple', model__attention_implementation='chunked'), "with 'kerple'"),
+      (dict(model__encoding='hard_alibi', model__attention_implementation='chunked'),
+       "'chunked' with 'hard_alibi': .*a window bias"),
+      (dict(model__encoding='windowed_rope:coupled', model__attention_implementation='splash'),
+       "'splash' with 'windowed_rope:coupled': .*a window bias.*a TPU"),
       # Bad option values, on the default kernel too: refused before a file is written.
       (dict(model__encoding='hard_alibi', model__encoding_options={'hard_alibi': {'widths': (0,)}}),
        r'model.encoding_options.hard_alibi: hard_alibi: widths=\(0,\) must be integers >= 1'),

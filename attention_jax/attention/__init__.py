@@ -30,6 +30,7 @@ from attention_jax.attention.scores import DifferenceBias
 from attention_jax.attention.scores import LinearBias
 from attention_jax.attention.scores import NoBias
 from attention_jax.attention.scores import ScoreBias
+from attention_jax.attention.scores import WindowBias
 from attention_jax.attention.scores import is_arange
 from attention_jax.attention.scores import linear_bias
 from attention_jax.attention.scores import relative_distance

@@ -197,16 +197,17 @@ def chunked_attention(
 
 
 def chunked_kernel(q, k, v, *, mask, bias, slopes, causal, window, kv_lengths,
-                   return_weights, difference=None, normalization=None, q_slots=None,
-                   chunk_size=None, chunked_strategy='auto'):
+                   return_weights, difference=None, windows=None, normalization=None,
+                   q_slots=None, chunk_size=None, chunked_strategy='auto'):
   """The 'chunked' row of `dispatch.KERNELS`: structure, a linear bias
   (slopes `[H]`) and a `DifferenceBias` only, no weights; softmax, or
   stick-breaking (`blockwise_stick_breaking.py`, causal) when normalization
   is a `StickBreaking`. The dispatcher sends nothing else.
   -> (out `[B, T_q, H, D_v]`, None)."""
-  if mask is not None or bias is not None or return_weights or q_slots is not None:
-    raise ValueError('chunked_kernel takes no dense mask, bias or q_slots and forms no '
-                     'weights.')
+  if (mask is not None or bias is not None or windows is not None or return_weights
+      or q_slots is not None):
+    raise ValueError('chunked_kernel takes no dense mask, bias, window bias or q_slots '
+                     'and forms no weights.')
   chunks = {} if chunk_size is None else dict(q_chunk=chunk_size, k_chunk=chunk_size)
   values = None if difference is None else (difference.q_values, difference.k_values)
   if normalization is not None:

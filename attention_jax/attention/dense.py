@@ -20,12 +20,9 @@ from attention_jax.attention.heads import check_broadcast
 from attention_jax.attention.heads import map_heads
 from attention_jax.attention.masks import combine_masks
 from attention_jax.attention.masks import structural_mask
+from attention_jax.attention.scores import MASK_VALUE
 from attention_jax.attention.scores import materialise
 from attention_jax.attention.stick_breaking import stick_breaking_attention
-
-# Finite and far below any real score, with headroom so that `score - max`
-# inside softmax cannot overflow to -inf (the same choice as jax.nn).
-MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
 def masked_softmax(scores: jnp.ndarray, mask: Optional[jnp.ndarray]) -> jnp.ndarray:
@@ -119,10 +116,10 @@ def multi_head_attention(
 
 
 def dense_kernel(q, k, v, *, mask, bias, slopes, causal, window, kv_lengths,
-                 return_weights, difference=None, normalization=None, q_slots=None,
-                 **unused_options):
-  """The 'dense' row of `dispatch.KERNELS`: structure, linear and difference
-  biases materialised, then `multi_head_attention` (softmax) or
+                 return_weights, difference=None, windows=None, normalization=None,
+                 q_slots=None, **unused_options):
+  """The 'dense' row of `dispatch.KERNELS`: structure, linear, difference
+  and window biases materialised, then `multi_head_attention` (softmax) or
   `stick_breaking_attention` (normalization a `StickBreaking`). Shapes as
   there; mask and bias rank 4 or None, slopes `[H]` or None.
   -> (out, weights or None)."""
@@ -130,7 +127,7 @@ def dense_kernel(q, k, v, *, mask, bias, slopes, causal, window, kv_lengths,
   t_q, t_k = q.shape[1], k.shape[1]
   mask = combine_masks(mask, structural_mask(t_q, t_k, causal=causal, window=window,
                                              kv_lengths=kv_lengths))
-  bias = materialise(bias, slopes, t_q, t_k, difference)
+  bias = materialise(bias, slopes, t_q, t_k, difference, windows)
   if normalization is None:
     out, weights = multi_head_attention(q, k, v, mask=mask, bias=bias)
   else:

@@ -8,12 +8,24 @@ serve the call; naming a kernel that cannot is an error listing every
 obstacle. A new kernel is one file with its run function and one row here.
 
 * 'cudnn'   (`cudnn.py`): the fused GPU kernel; half precision; no weights;
-  softmax only.
+  softmax only; windows causal only; a mask or bias of full T_q × T_k, with
+  even lengths; D_v == D.
+* 'splash'  (`splash.py`): JAX's Pallas splash attention, TPU only; structure
+  only (causal, window, kv_lengths); softmax; lengths multiples of 128.
+* 'pallas_tpu' (`pallas_tpu.py`), 'pallas_gpu' (`pallas_gpu.py`): ours,
+  Pallas on Mosaic (TPU) and on Triton (GPU); FlashAttention-2 with the
+  biases built in the kernel from their specs (ALiBi's slopes, difference
+  biases, per-head windows on position ids) and structure (causal, window,
+  kv_lengths, GQA); softmax; no dense mask or bias, no weights; O(T) memory.
 * 'chunked' (`chunked.py`): blockwise, O(T) memory; masks by structure only
   (causal, kv_lengths, window), linear biases (ALiBi's slopes) and difference
   biases (forgetting attention's gates), both built block by block; softmax
   and stick-breaking; no weights. 'auto' takes it from
   `AUTO_CHUNKED_MIN_KEYS` keys on.
+* 'tpu_flash' (`tpu_flash.py`): JAX's Pallas flash attention, TPU only;
+  any bias, materialised to the full [B, H, T_q, T_k] (O(T²) memory, which
+  is why it comes after 'chunked': 'auto' takes it for a dense bias);
+  causal, kv_lengths, no window; softmax; D_v == D; lengths multiples of 128.
 * 'dense'   (`dense.py`): any mask and bias, softmax and stick-breaking,
   returns the weights; O(T²) memory.
 On CPU 'auto' never picks jax.nn's XLA path, whose backward is
@@ -22,12 +34,14 @@ pathologically slow there.
 Shapes: q `[B, T_q, H, D]`, k `[B, T_k, H_kv, D]`, v `[B, T_k, H_kv, D_v]`.
 """
 
-import dataclasses
-from typing import Callable, Optional
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
 
+from attention_jax.attention.capabilities import Kernel
+from attention_jax.attention.capabilities import Request
+from attention_jax.attention.capabilities import shape_obstacles
 from attention_jax.attention.chunked import STRATEGIES
 from attention_jax.attention.chunked import chunked_kernel
 from attention_jax.attention.cudnn import cudnn_kernel
@@ -36,69 +50,58 @@ from attention_jax.attention.dense import dense_kernel
 from attention_jax.attention.normalization import Normalization
 from attention_jax.attention.normalization import as_normalization
 from attention_jax.attention.normalization import name_of
+from attention_jax.attention.pallas_gpu import pallas_gpu_kernel
+from attention_jax.attention.partition import batch_obstacle
+from attention_jax.attention.partition import context_mesh
+from attention_jax.attention.partition import per_device
+from attention_jax.attention.pallas_tpu import pallas_tpu_kernel
 from attention_jax.attention.scores import DenseBias
 from attention_jax.attention.scores import DifferenceBias
 from attention_jax.attention.scores import LinearBias
 from attention_jax.attention.scores import NoBias
 from attention_jax.attention.scores import ScoreBias
+from attention_jax.attention.scores import WindowBias
+from attention_jax.attention.splash import LENGTH_MULTIPLE
+from attention_jax.attention.splash import splash_kernel
+from attention_jax.attention.tpu_flash import tpu_flash_kernel
 
 # Where chunked beats dense for a causal layer fwd+bwd on the 2-core CPU; see
 # benchmarks/README.md, "The 'auto' threshold".
 AUTO_CHUNKED_MIN_KEYS = 256
 
 
-@dataclasses.dataclass(frozen=True)
-class Kernel:
-  """One row of the table: a run function and what it can serve.
-
-  `run(q, k, v, *, mask, bias, slopes, difference, causal, window,
-  kv_lengths, normalization, q_slots, return_weights, chunk_size,
-  chunked_strategy) -> (out, weights or None)`, mask and bias rank 4 or
-  None, slopes a tuple `[H]` or None, difference a `DifferenceBias` or None,
-  normalization None (softmax) or a `StickBreaking`, q_slots int `[T_q]` or
-  None (stick-breaking over a cache).
-  """
-  run: Callable
-  weights: bool  # can return the attention weights
-  dense_mask: bool  # takes an arbitrary boolean mask
-  dense_bias: bool  # takes an arbitrary additive bias
-  linear_bias: bool  # takes a `LinearBias` (slopes)
-  difference_bias: bool = False  # takes a `DifferenceBias` (q_values - k_values)
-  normalizations: tuple[str, ...] = ('softmax',)  # `normalization.NORMALIZATIONS` served
-  dtypes: Optional[tuple[str, ...]] = None  # input dtypes served; None: any
-  backends: Optional[tuple[str, ...]] = None  # JAX backends; None: any
-  head_dim: Optional[tuple[int, int]] = None  # (a multiple of, at most); None: any
-  auto_min_keys: int = 0  # 'auto' picks it only from this many keys on
-
-
 KERNELS = {
     'cudnn': Kernel(cudnn_kernel, weights=False, dense_mask=True, dense_bias=True,
-                    linear_bias=True, difference_bias=True, dtypes=('float16', 'bfloat16'),
-                    backends=('gpu',), head_dim=(8, 128)),
+                    linear_bias=True, difference_bias=True, window_bias=True,
+                    dtypes=('float16', 'bfloat16'), backends=('gpu',), head_dim=((8, 128),),
+                    value_dim=False, window='left', score_broadcast=False,
+                    bias_length_multiple=2, materialises=True),
+    'splash': Kernel(splash_kernel, weights=False, dense_mask=False, dense_bias=False,
+                     linear_bias=False, dtypes=('float32', 'bfloat16'), backends=('tpu',),
+                     length_multiple=LENGTH_MULTIPLE, partitionable=False),
+    'pallas_tpu': Kernel(pallas_tpu_kernel, weights=False, dense_mask=False, dense_bias=False,
+                         linear_bias=True, difference_bias=True, window_bias=True,
+                         dtypes=('float32', 'bfloat16'), backends=('tpu',),
+                         partitionable=False),
+    'pallas_gpu': Kernel(pallas_gpu_kernel, weights=False, dense_mask=False, dense_bias=False,
+                         linear_bias=True, difference_bias=True, window_bias=True,
+                         dtypes=('float32', 'bfloat16', 'float16'), backends=('gpu',),
+                         partitionable=False),
     'chunked': Kernel(chunked_kernel, weights=False, dense_mask=False, dense_bias=False,
                       linear_bias=True, difference_bias=True,
                       normalizations=('softmax', 'stick_breaking'),
                       auto_min_keys=AUTO_CHUNKED_MIN_KEYS),
+    'tpu_flash': Kernel(tpu_flash_kernel, weights=False, dense_mask=False, dense_bias=True,
+                        linear_bias=True, difference_bias=True, window_bias=True,
+                        dtypes=('float32', 'bfloat16'), backends=('tpu',),
+                        head_dim=((1, 128), (128, None)), value_dim=False, window='none',
+                        length_multiple=LENGTH_MULTIPLE, materialises=True,
+                        partitionable=False),
     'dense': Kernel(dense_kernel, weights=True, dense_mask=True, dense_bias=True,
-                    linear_bias=True, difference_bias=True,
-                    normalizations=('softmax', 'stick_breaking')),
+                    linear_bias=True, difference_bias=True, window_bias=True,
+                    normalizations=('softmax', 'stick_breaking'), materialises=True),
 }
 IMPLEMENTATIONS = (*KERNELS, 'auto')
-
-
-@dataclasses.dataclass(frozen=True)
-class Request:
-  """What a call asks of a kernel, without its arrays. `dense_bias` names
-  where a dense bias comes from (None: there is none)."""
-  t_k: int
-  dtype: object
-  head_dim: int
-  return_weights: bool = False
-  dense_mask: bool = False
-  dense_bias: Optional[str] = None
-  linear_bias: bool = False
-  difference_bias: bool = False
-  normalization: str = 'softmax'
 
 
 def check_options(implementation: str = 'auto', chunked_strategy: str = 'auto',
@@ -115,9 +118,16 @@ def check_options(implementation: str = 'auto', chunked_strategy: str = 'auto',
     raise ValueError(f'window={window!r}: use an integer >= 1 or None.')
 
 
+def current_backend() -> str:
+  """The backend `obstacles` checks when given none: JAX's default (the
+  lowering tests patch it to trace as on another platform)."""
+  return jax.default_backend()
+
+
 def obstacles(name: str, request: Request, backend: Optional[str] = None) -> list[str]:
-  """Why kernel `name` cannot serve `request` (empty: it can)."""
-  kernel, backend = KERNELS[name], backend or jax.default_backend()
+  """Why kernel `name` cannot serve `request` (empty: it can) on `backend`
+  (default: `current_backend()`)."""
+  kernel, backend = KERNELS[name], backend or current_backend()
   found = []
   if request.return_weights and not kernel.weights:
     found.append('return_weights=True (only ' + ', '.join(
@@ -130,6 +140,8 @@ def obstacles(name: str, request: Request, backend: Optional[str] = None) -> lis
     found.append('a linear bias (ALiBi slopes)')
   if request.difference_bias and not kernel.difference_bias:
     found.append('a difference bias (forgetting attention\'s gates)')
+  if request.window_bias and not kernel.window_bias:
+    found.append('a window bias (per-head windows on position ids)')
   if request.normalization not in kernel.normalizations:
     found.append(f'normalization={request.normalization!r} (it serves '
                  f'{", ".join(kernel.normalizations)})')
@@ -139,11 +151,9 @@ def obstacles(name: str, request: Request, backend: Optional[str] = None) -> lis
   dtype = jnp.dtype(request.dtype)
   if kernel.dtypes and dtype.name not in kernel.dtypes:
     found.append(f"{' or '.join(kernel.dtypes)} inputs (got {dtype.name})")
-  if kernel.head_dim:
-    multiple, most = kernel.head_dim
-    if request.head_dim % multiple or request.head_dim > most:
-      found.append(f'head_dim a multiple of {multiple} up to {most} '
-                   f'(got {request.head_dim})')
+  found += shape_obstacles(kernel, request)
+  if not kernel.partitionable:
+    found += filter(None, [batch_obstacle(request.batch, context_mesh())])
   return found
 
 
@@ -151,7 +161,9 @@ def select_implementation(requested: str, request: Request,
                           backend: Optional[str] = None) -> str:
   """The kernel a call runs on: `requested` itself when it can serve the call
   (else an error naming every obstacle), or for 'auto' the first row of
-  `KERNELS` that can and whose `auto_min_keys` the call reaches."""
+  `KERNELS` that can and whose `auto_min_keys` the call reaches, preferring
+  for a call with a bias spec (linear, difference, windows) a row that does
+  not materialise it: O(T) memory wherever a backend has such a row."""
   check_options(requested)
   if requested != 'auto':
     found = obstacles(requested, request, backend)
@@ -159,27 +171,41 @@ def select_implementation(requested: str, request: Request,
       raise ValueError(f'implementation={requested!r} cannot serve this call: '
                        + '; '.join(found) + ". Use 'dense' or 'auto'.")
     return requested
-  refusals = {}
-  for name, kernel in KERNELS.items():
-    refusals[name] = obstacles(name, request, backend)
-    if not refusals[name] and request.t_k >= kernel.auto_min_keys:
-      return name
+  refusals = {name: obstacles(name, request, backend) for name in KERNELS}
+  spec = request.linear_bias or request.difference_bias or request.window_bias
+  for avoid_materialising in ((True, False) if spec else (False,)):
+    for name, kernel in KERNELS.items():
+      if (not refusals[name] and request.t_k >= kernel.auto_min_keys
+          and not (avoid_materialising and kernel.materialises)):
+        return name
   raise ValueError('no kernel can serve this call: ' + ' | '.join(
       f'{n}: ' + '; '.join(f) for n, f in refusals.items() if f) + '.')
 
 
 def _split_score_bias(score_bias: ScoreBias):
-  """-> (dense bias rank 4 or None, its origin, slopes or None, difference or None)."""
+  """-> (dense bias rank 4 or None, its origin, slopes or None, difference or
+  None, windows or None)."""
   if isinstance(score_bias, NoBias):
-    return None, None, None, None
+    return None, None, None, None, None
   if isinstance(score_bias, LinearBias):
-    return None, None, score_bias.slopes, None
+    return None, None, score_bias.slopes, None, None
   if isinstance(score_bias, DifferenceBias):
-    return None, None, None, score_bias
+    return None, None, None, score_bias, None
+  if isinstance(score_bias, WindowBias):
+    return None, None, None, None, score_bias
   if isinstance(score_bias, DenseBias):
-    return score_bias.bias.astype(jnp.float32), score_bias.origin, None, None
-  raise TypeError(f'score_bias must be NoBias, LinearBias, DifferenceBias or DenseBias, '
-                  f'got {type(score_bias).__name__}.')
+    return score_bias.bias.astype(jnp.float32), score_bias.origin, None, None, None
+  raise TypeError(f'score_bias must be NoBias, LinearBias, DifferenceBias, WindowBias or '
+                  f'DenseBias, got {type(score_bias).__name__}.')
+
+
+def _check_windows(windows: WindowBias, b: int, h: int, t_q: int, t_k: int):
+  q, k = windows.positions(t_q, t_k)
+  if (windows.num_heads != h or q.shape[0] not in (1, b) or k.shape[0] not in (1, b)
+      or q.shape[1] != t_q or k.shape[1] != t_k):
+    raise ValueError(f'a WindowBias of {windows.num_heads} heads and positions {q.shape}, '
+                     f'{k.shape} (from {windows.origin}) for B={b}, H={h}, T_q={t_q}, '
+                     f'T_k={t_k}: need one window per head and [B|1, T_q], [B|1, T_k].')
 
 
 def _check_difference(difference: DifferenceBias, b: int, h: int, t_q: int, t_k: int):
@@ -206,8 +232,9 @@ def scaled_dot_product_attention(
       (rank 3 is ambiguous and refused).
     bias: additive, `[T_q, T_k]` or `[B|1, H|1, T_q, T_k]`.
     score_bias: an encoding's contribution (`scores.py`): `NoBias()`,
-      `LinearBias(slopes)`, `DifferenceBias(q_values, k_values)` or
-      `DenseBias(bias)`; added to `bias`.
+      `LinearBias(slopes)`, `DifferenceBias(q_values, k_values)`,
+      `WindowBias(lows, highs, q_positions, k_positions)` or `DenseBias(bias)`;
+      added to `bias`.
     causal: query i attends to keys j <= i (needs T_q == T_k).
     kv_lengths: int `[B]`: keys at index >= kv_lengths[b] are padding.
     window: query i attends to keys with |i - j| < window.
@@ -215,7 +242,8 @@ def scaled_dot_product_attention(
       (`normalization.py`); stick-breaking needs `causal=True` or `q_slots`.
     q_slots: int `[T_q]`, each query's own key index, for stick-breaking over
       a key/value cache (the mask then carries causality); None otherwise.
-    implementation: a key of `KERNELS` ('cudnn', 'chunked', 'dense') or 'auto'.
+    implementation: a key of `KERNELS` ('cudnn', 'splash', 'chunked',
+      'tpu_flash', 'dense') or 'auto'.
     return_weights: also return float32 `[B, H, T_q, T_k]` (kernels with
       `weights`: 'dense').
     chunk_size: query and key block size of the chunked kernel (default:
@@ -234,11 +262,13 @@ def scaled_dot_product_attention(
   if causal and t_q != t_k:
     raise ValueError(f'causal=True needs T_q == T_k, got {t_q} and {t_k}.')
   mask, bias = as_rank4('mask', mask), as_rank4('bias', bias)
-  enc_bias, origin, slopes, difference = _split_score_bias(score_bias)
+  enc_bias, origin, slopes, difference, windows = _split_score_bias(score_bias)
   if slopes is not None and len(slopes) != q.shape[2]:
     raise ValueError(f'a LinearBias of {len(slopes)} slopes for {q.shape[2]} heads.')
   if difference is not None:
     _check_difference(difference, q.shape[0], q.shape[2], t_q, t_k)
+  if windows is not None:
+    _check_windows(windows, q.shape[0], q.shape[2], t_q, t_k)
   norm = as_normalization(normalization)
   if norm is not None and not causal and q_slots is None:
     raise ValueError('stick-breaking attention reads the keys before each query: it needs '
@@ -247,13 +277,23 @@ def scaled_dot_product_attention(
   request = Request(t_k=t_k, dtype=q.dtype, head_dim=q.shape[-1],
                     return_weights=return_weights, dense_mask=mask is not None,
                     dense_bias='; '.join(origins) or None, linear_bias=slopes is not None,
-                    difference_bias=difference is not None, normalization=name_of(norm))
+                    difference_bias=difference is not None,
+                    window_bias=windows is not None, normalization=name_of(norm),
+                    t_q=t_q, v_head_dim=v.shape[-1], causal=causal, window=window,
+                    kv_lengths=kv_lengths is not None, gqa=k.shape[2] < q.shape[2],
+                    score_broadcast=any(x is not None and x.shape[-2:] != (t_q, t_k)
+                                        for x in (mask, bias, enc_bias)),
+                    batch=q.shape[0])
   name = select_implementation(implementation, request)
   if enc_bias is not None:
     bias = enc_bias if bias is None else bias.astype(jnp.float32) + enc_bias
-  out, weights = KERNELS[name].run(
-      q, k, v, mask=mask, bias=bias, slopes=slopes, difference=difference, causal=causal,
-      window=window, kv_lengths=kv_lengths, normalization=norm, q_slots=q_slots,
-      return_weights=return_weights, chunk_size=chunk_size,
+  kernel, mesh = KERNELS[name], context_mesh()
+  run = kernel.run
+  if mesh is not None and not kernel.partitionable:  # a custom call: per device
+    run = lambda *a, **kw: per_device(kernel.run, mesh, *a, **kw)
+  out, weights = run(
+      q, k, v, mask=mask, bias=bias, slopes=slopes, difference=difference, windows=windows,
+      causal=causal, window=window, kv_lengths=kv_lengths, normalization=norm,
+      q_slots=q_slots, return_weights=return_weights, chunk_size=chunk_size,
       chunked_strategy=chunked_strategy)
   return (out, weights) if return_weights else out

@@ -13,6 +13,11 @@ blockwise kernel rebuilds a linear bias block by block from its slopes).
   from float32 `[B|1, H, T_q]` and `[B|1, H, T_k]`: a data-dependent linear
   bias (forgetting attention's `c_i - c_j`, c the cumulative log forget gate),
   built block by block from O(T) numbers and differentiable in both.
+* `WindowBias(lows, highs, q_positions, k_positions, sink)` — a hard window
+  per head on position ids (Hard-ALiBi, `windowed_rope` on coupled ids): key
+  j is visible to query i in head h when `lows[h] <= p_i - p_j <= highs[h]`
+  (or, with `sink`, when `p_j == 0`), MASK_VALUE elsewhere; a head whose
+  bounds are None sees every key. Built from O(T) integers.
 * `DenseBias(bias, origin)` — any additive bias, float32
   `[B|1, H|1, T_q, T_k]`; `origin` names its source in error messages.
 """
@@ -22,6 +27,10 @@ from typing import Optional, Union
 
 import jax.numpy as jnp
 import numpy as np
+
+# Finite and far below any real score, with headroom so that `score - max`
+# inside softmax cannot overflow to -inf (the same choice as jax.nn).
+MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +70,69 @@ class DifferenceBias:
     return q[..., :, None] - k[..., None, :]
 
 
+def _bound(value, name: str) -> Optional[int]:
+  if value is None:
+    return None
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    raise ValueError(f'WindowBias: {name} must hold integers or None, got {value!r}.')
+  return int(value)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class WindowBias:
+  """0 where `lows[h] <= p_i - p_j <= highs[h]` (or `sink` and `p_j == 0`),
+  MASK_VALUE elsewhere: lows and highs one int or None per head (static;
+  None: unbounded on that side, both None: the head sees every key);
+  q_positions int `[B|1, T_q]` and k_positions int `[B|1, T_k]`, or None for
+  the token indices 0 … T-1."""
+  lows: tuple[Optional[int], ...]
+  highs: tuple[Optional[int], ...]
+  q_positions: Optional[jnp.ndarray] = None
+  k_positions: Optional[jnp.ndarray] = None
+  sink: bool = False
+  origin: str = 'a window bias'
+
+  def __post_init__(self):
+    lows = tuple(_bound(x, 'lows') for x in self.lows)
+    highs = tuple(_bound(x, 'highs') for x in self.highs)
+    if len(lows) != len(highs) or not lows:
+      raise ValueError(f'WindowBias takes one low and one high bound per head, got lows='
+                       f'{self.lows!r} and highs={self.highs!r} (from {self.origin}).')
+    object.__setattr__(self, 'lows', lows)
+    object.__setattr__(self, 'highs', highs)
+    for name in ('q_positions', 'k_positions'):
+      p = getattr(self, name)
+      if p is not None:
+        p = jnp.asarray(p)
+        p = p[None] if p.ndim == 1 else p
+        if p.ndim != 2 or not jnp.issubdtype(p.dtype, jnp.integer):
+          raise ValueError(f'WindowBias: {name} must be integer [B|1, T] or [T], got '
+                           f'{p.dtype} {jnp.shape(p)} (from {self.origin}).')
+        object.__setattr__(self, name, p)
+
+  @property
+  def num_heads(self) -> int:
+    return len(self.lows)
+
+  def positions(self, t_q: int, t_k: int) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """int32 (q `[B|1, T_q]`, k `[B|1, T_k]`): the ids, or the token indices."""
+    q = jnp.arange(t_q)[None] if self.q_positions is None else self.q_positions
+    k = jnp.arange(t_k)[None] if self.k_positions is None else self.k_positions
+    return q.astype(jnp.int32), k.astype(jnp.int32)
+
+  def dense(self, t_q: int, t_k: int) -> jnp.ndarray:
+    """The bias it stands for, float32 `[B|1, H, T_q, T_k]`."""
+    q, k = self.positions(t_q, t_k)
+    d = relative_distance(q, k)[:, None]  # [B|1, 1, T_q, T_k]
+    big = np.iinfo(np.int32).max
+    lo = np.array([-big if x is None else x for x in self.lows], np.int64)
+    hi = np.array([big if x is None else x for x in self.highs], np.int64)
+    inside = (d >= lo[:, None, None]) & (d <= hi[:, None, None])
+    if self.sink:
+      inside = inside | (k[:, None, None, :] == 0)
+    return jnp.where(inside, 0.0, MASK_VALUE).astype(jnp.float32)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class DenseBias:
   """A materialised additive bias, broadcastable to `[B, H, T_q, T_k]`, rank 4."""
@@ -73,7 +145,7 @@ class DenseBias:
                        f'{jnp.shape(self.bias)} (from {self.origin}).')
 
 
-ScoreBias = Union[NoBias, LinearBias, DifferenceBias, DenseBias]
+ScoreBias = Union[NoBias, LinearBias, DifferenceBias, WindowBias, DenseBias]
 
 
 def relative_distance(q_positions, k_positions) -> jnp.ndarray:
@@ -100,11 +172,14 @@ def is_arange(positions) -> bool:
 
 def materialise(bias: Optional[jnp.ndarray], slopes: Optional[tuple[float, ...]],
                 t_q: int, t_k: int,
-                difference: Optional[DifferenceBias] = None) -> Optional[jnp.ndarray]:
+                difference: Optional[DifferenceBias] = None,
+                windows: Optional[WindowBias] = None) -> Optional[jnp.ndarray]:
   """A dense bias (rank 4, or None) plus, if given, the linear bias of
-  `slopes` on indices 0 … T_q-1, 0 … T_k-1 and a `DifferenceBias`: float32
-  `[B|1, H|1, T_q, T_k]`."""
+  `slopes` on indices 0 … T_q-1, 0 … T_k-1, a `DifferenceBias` and a
+  `WindowBias`: float32 `[B|1, H|1, T_q, T_k]`."""
   grids = []
+  if windows is not None:
+    grids.append(windows.dense(t_q, t_k))
   if slopes is not None:
     grids.append(linear_bias(slopes, relative_distance(np.arange(t_q), np.arange(t_k)))[None])
   if difference is not None:

@@ -20,6 +20,7 @@ from attention_jax.attention import IMPLEMENTATIONS
 from attention_jax.attention import LinearBias
 from attention_jax.attention import NORMALIZATIONS
 from attention_jax.attention import Request
+from attention_jax.attention import WindowBias
 from attention_jax.attention import select_implementation
 from attention_jax.lab import tasks
 from attention_jax.nn.additive import SCORES
@@ -118,10 +119,15 @@ def kernel_refusal(config: ml_collections.ConfigDict, spec: str) -> Optional[str
     return None
   positions = np.array([0, 2, 5]) if modifier else np.arange(3)
   bias = _score_spec(encoding, m.d_model, m.num_heads, positions)
-  request = Request(t_k=len(positions), dtype=jnp.float32, head_dim=m.d_model // m.num_heads,
+  # The length is a multiple of every kernel's tile (the TPU rows' 128): the
+  # lab's lengths vary per batch, and a kernel that cannot tile one refuses
+  # it at that call, naming the length.
+  request = Request(t_k=128, t_q=128, causal=True, dtype=jnp.float32,
+                    head_dim=m.d_model // m.num_heads,
                     dense_bias=bias.origin if isinstance(bias, DenseBias) else None,
                     linear_bias=isinstance(bias, LinearBias),
                     difference_bias=isinstance(bias, DifferenceBias),
+                    window_bias=isinstance(bias, WindowBias),
                     normalization=m.get('normalization', 'softmax'))
   try:
     select_implementation(m.attention_implementation, request)

@@ -48,6 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attention_jax.attention import MASK_VALUE
+from attention_jax.attention.scores import WindowBias
 from attention_jax.attention.scores import relative_distance
 from attention_jax.positional.base import PositionalEncoding
 
@@ -112,3 +113,13 @@ class HardALiBi(PositionalEncoding):
   def attention_bias(self, q_positions, k_positions):
     return hard_alibi_bias(self.widths, self.num_heads, q_positions, k_positions,
                            self.causal)
+
+  def score_bias(self, q_positions, k_positions) -> WindowBias:
+    """`attention_bias` as a `WindowBias` (O(T) integers, so that a kernel
+    can build the windows itself): 0 <= p_i - p_j < w_h causally, |p_i - p_j|
+    < w_h otherwise, no bounds for the free heads."""
+    free = (None,) * (self.num_heads - len(self.widths))
+    highs = tuple(w - 1 for w in self.widths) + free
+    lows = tuple(0 if self.causal else -h for h in highs[:len(self.widths)]) + free
+    return WindowBias(lows, highs, q_positions, k_positions,
+                      origin='the windows of hard_alibi')

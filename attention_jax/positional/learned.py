@@ -4,6 +4,11 @@ The table has `max_positions` rows and nothing beyond: a position past it is an
 error, raised at trace time when the positions are static (the default
 `arange`) and at run time when they are traced — never the NaN that
 `jnp.take` returns nor the silent clip that indexing does.
+
+The run-time check is a host callback (`jax.debug.callback`): a trip to the
+host at every call on an accelerator, and a program `jax.export` refuses.
+A caller that has proven the range before tracing (the lab validates every
+length against the table) turns it off with `check_positions=False`.
 """
 
 import jax
@@ -26,17 +31,20 @@ def _raise_if_out_of_range(lo, hi, max_positions: int) -> None:
     raise ValueError(_out_of_range_message(lo, hi, max_positions))
 
 
-def learned_lookup(table: jnp.ndarray, positions: jnp.ndarray) -> jnp.ndarray:
-  """Rows of `table` `[max_positions, D]` at integer `positions` `[...]` -> `[..., D]`."""
+def learned_lookup(table: jnp.ndarray, positions: jnp.ndarray,
+                   check: bool = True) -> jnp.ndarray:
+  """Rows of `table` `[max_positions, D]` at integer `positions` `[...]` -> `[..., D]`.
+  `check=False` skips the run-time range check of traced positions (static
+  ones are always checked)."""
   max_positions = table.shape[0]
   try:
     concrete = np.asarray(positions)  # static positions: check at trace time
   except jax.errors.TracerArrayConversionError:
     concrete = None
-  if concrete is None:
+  if concrete is None and check:
     jax.debug.callback(
         _raise_if_out_of_range, positions.min(), positions.max(), max_positions)
-  elif concrete.size:
+  elif concrete is not None and concrete.size:
     _raise_if_out_of_range(concrete.min(), concrete.max(), max_positions)
   return jnp.take(table, positions, axis=0)
 
@@ -45,19 +53,25 @@ class Learned(PositionalEncoding):
   """'learned': adds `table[positions]`; the table is an `nnx.Param`."""
 
   def __init__(self, max_positions: int, d_model: int, *, rngs: nnx.Rngs,
-               stddev: float = 0.02):
+               stddev: float = 0.02, check_positions: bool = True):
     if max_positions is None or max_positions < 1:
       raise ValueError(
           f"the 'learned' encoding needs max_positions >= 1 (the rows of its table, "
           f'e.g. TransformerLM(max_positions=...)), got {max_positions}.')
     self.max_positions = max_positions
+    self.check_positions = bool(check_positions)  # static: see the module docstring
     self.table = nnx.Param(
         nnx.initializers.normal(stddev)(rngs.params(), (max_positions, d_model)))
 
   @classmethod
-  def build(cls, *, d_model, num_heads, max_positions, causal, rngs, stddev=0.02):
+  def build(cls, *, d_model, num_heads, max_positions, causal, rngs, stddev=0.02,
+            check_positions=True):
+    """Options: `stddev` of the table's initialisation, `check_positions`
+    (the run-time range check of traced positions; see the module docstring)."""
     del num_heads, causal
-    return cls(max_positions, d_model, rngs=rngs, stddev=stddev)
+    return cls(max_positions, d_model, rngs=rngs, stddev=stddev,
+               check_positions=check_positions)
 
   def add_to_embeddings(self, x, positions):
-    return x + learned_lookup(self.table[...], positions).astype(x.dtype)
+    return x + learned_lookup(self.table[...], positions,
+                              self.check_positions).astype(x.dtype)

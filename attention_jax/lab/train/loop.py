@@ -176,7 +176,8 @@ def _train(configs, workdirs, *, progress, tx, vmapped=False):
   try:
     with stop_requests() as stop:
       for step in range(start, t_cfg.num_steps, k):
-        state, metrics = jitted(state, np.int32(step), seed)  # [k] or [k, S] per key
+        with jax.set_mesh(mesh):  # attention's Pallas kernels run per device on it
+          state, metrics = jitted(state, np.int32(step), seed)  # [k] or [k, S] per key
         pending.append(metrics)
         done = step + k
         stopping = stop.signal or done == t_cfg.stop_after

@@ -1,0 +1,117 @@
+"""What a kernel can serve and what a call asks, for `dispatch.py`'s table:
+the `Kernel` row's capability columns, the `Request` a call makes, and the
+obstacles of lengths, head dims and structure between the two.
+"""
+
+import dataclasses
+from typing import Callable, Optional
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+  """One row of the table: a run function and what it can serve.
+
+  `run(q, k, v, *, mask, bias, slopes, difference, windows, causal, window,
+  kv_lengths, normalization, q_slots, return_weights, chunk_size,
+  chunked_strategy) -> (out, weights or None)`, mask and bias rank 4 or
+  None, slopes a tuple `[H]` or None, difference a `DifferenceBias` or None,
+  windows a `WindowBias` or None,
+  normalization None (softmax) or a `StickBreaking`, q_slots int `[T_q]` or
+  None (stick-breaking over a cache).
+  """
+  run: Callable
+  weights: bool  # can return the attention weights
+  dense_mask: bool  # takes an arbitrary boolean mask
+  dense_bias: bool  # takes an arbitrary additive bias
+  linear_bias: bool  # takes a `LinearBias` (slopes)
+  difference_bias: bool = False  # takes a `DifferenceBias` (q_values - k_values)
+  window_bias: bool = False  # takes a `WindowBias` (per-head windows on position ids)
+  normalizations: tuple[str, ...] = ('softmax',)  # `normalization.NORMALIZATIONS` served
+  dtypes: Optional[tuple[str, ...]] = None  # input dtypes served; None: any
+  backends: Optional[tuple[str, ...]] = None  # JAX backends; None: any
+  # Head dims served: any of these (a multiple of, at most: None for no bound); None: any.
+  head_dim: Optional[tuple[tuple[int, Optional[int]], ...]] = None
+  value_dim: bool = True  # takes D_v != D
+  window: str = 'symmetric'  # windows: 'none', 'left' (with causal only) or 'symmetric'
+  padding: bool = True  # takes kv_lengths
+  length_multiple: int = 1  # T_q and T_k multiples of this
+  score_broadcast: bool = True  # takes a mask or bias of size 1 along T_q or T_k
+  bias_length_multiple: int = 1  # with a mask or a bias: T_q and T_k multiples of this
+  auto_min_keys: int = 0  # 'auto' picks it only from this many keys on
+  # Turns a LinearBias, DifferenceBias or WindowBias into a [T_q, T_k] array
+  # ('auto' prefers a row that builds it block by block or in the kernel).
+  materialises: bool = False
+  # XLA can partition it across a mesh (False: a Pallas custom call, run per
+  # device on its share of the batch, `partition.py`).
+  partitionable: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+  """What a call asks of a kernel, without its arrays. `dense_bias` names
+  where a dense bias comes from (None: there is none); `t_q` None and
+  `v_head_dim` None stand for `t_k` and `head_dim`."""
+  t_k: int
+  dtype: object
+  head_dim: int
+  return_weights: bool = False
+  dense_mask: bool = False
+  dense_bias: Optional[str] = None
+  linear_bias: bool = False
+  difference_bias: bool = False
+  window_bias: bool = False
+  normalization: str = 'softmax'
+  t_q: Optional[int] = None
+  v_head_dim: Optional[int] = None
+  causal: bool = False
+  window: Optional[int] = None
+  kv_lengths: bool = False
+  gqa: bool = False  # fewer key/value heads than query heads
+  score_broadcast: bool = False  # a mask or bias of size 1 along T_q or T_k
+  batch: int = 1
+
+
+def head_dims(rules) -> str:
+  return ' or '.join(
+      ' '.join(([f'a multiple of {m}'] if m > 1 else [])
+               + ([f'up to {most}'] if most is not None else [])) for m, most in rules)
+
+
+def window_obstacle(kernel: Kernel, request: Request) -> Optional[str]:
+  if request.window is None or kernel.window == 'symmetric':
+    return None
+  if kernel.window == 'none':
+    return f'window={request.window} (it serves no sliding window)'
+  if not request.causal:  # kernel.window == 'left'
+    return (f'window={request.window} without causal=True (it serves a causal, '
+            'left-only window)')
+  return None
+
+
+def shape_obstacles(kernel: Kernel, request: Request) -> list[str]:
+  """The obstacles of lengths, head dims and structure."""
+  found = []
+  t_q = request.t_k if request.t_q is None else request.t_q
+  lengths = f'(got T_q={t_q}, T_k={request.t_k})'
+  if t_q % kernel.length_multiple or request.t_k % kernel.length_multiple:
+    found.append(f'T_q and T_k multiples of {kernel.length_multiple} {lengths}')
+  scores = (request.dense_mask or request.dense_bias or request.linear_bias
+            or request.difference_bias or request.window_bias)
+  step = kernel.bias_length_multiple
+  if scores and (t_q % step or request.t_k % step):
+    found.append(f'with a mask or bias, T_q and T_k multiples of {step} {lengths}')
+  if request.score_broadcast and not kernel.score_broadcast:
+    found.append('a mask or bias broadcast along T_q or T_k (it takes them [.., T_q, T_k])')
+  if kernel.head_dim and not any(
+      request.head_dim % m == 0 and (most is None or request.head_dim <= most)
+      for m, most in kernel.head_dim):
+    found.append(f'head_dim {head_dims(kernel.head_dim)} (got {request.head_dim})')
+  d_v = request.head_dim if request.v_head_dim is None else request.v_head_dim
+  if d_v != request.head_dim and not kernel.value_dim:
+    found.append(f'D_v == D (got D={request.head_dim}, D_v={d_v})')
+  window = window_obstacle(kernel, request)
+  if window:
+    found.append(window)
+  if request.kv_lengths and not kernel.padding:
+    found.append('kv_lengths= (key padding)')
+  return found
