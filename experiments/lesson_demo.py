@@ -37,11 +37,13 @@ def main(argv):
     pe = aj.make_encoding(encoding, d_model=512, num_heads=8, max_positions=16, rngs=rngs)
     # Absolute encodings are added to the embeddings; the rest act inside attention.
     h = pe.add_to_embeddings(x, np.arange(16))
-    mha = aj.MultiHeadAttention(512, 8, encoding=pe if pe.acts_in_attention else None,
-                                rngs=rngs)
+    inside = pe.acts_in_attention
+    mha = aj.MultiHeadAttention(512, 8, encoding=pe if inside else None, rngs=rngs)
     out, weights = mha(h, return_weights=True)  # causal by default
-    print(f'MultiHeadAttention(512, 8, {encoding!r}): out', out.shape,
-          'weights', weights.shape)
+    label = (f'MultiHeadAttention(512, 8, encoding={encoding!r})' if inside else
+             'MultiHeadAttention(512, 8), no encoding' if isinstance(pe, aj.positional.NoPE)
+             else f'MultiHeadAttention(512, 8) on x + {encoding} embeddings')
+    print(f'{label}: out', out.shape, 'weights', weights.shape)
   print('sinusoidal(20, 128):', aj.positional.sinusoidal(20, 128).shape)
   print('alibi_slopes(12):', aj.positional.alibi_slopes(12))
 

@@ -76,7 +76,8 @@ class HardALiBiTest(chex.TestCase, parameterized.TestCase):
   @parameterized.parameters(
       (dict(widths=(0, 2)), r'widths=\(0, 2\) must be integers >= 1.*got 0'),
       (dict(widths=(1.5,)), r'got 1\.5'),
-      (dict(widths=(1, 2, 3, 4, 5)), r'num_windowed_heads=5 must be an integer in 0 … num_heads=4'),
+      (dict(widths=(1, 2, 3, 4, 5)), r'widths=\(1, 2, 3, 4, 5\) gives 5 windowed heads .* num_heads=4'),
+      (dict(num_windowed_heads=5), r'num_windowed_heads=5 must be an integer in 0 … num_heads=4'),
       (dict(num_windowed_heads=2, widths=(1,)), r'widths=\(1,\) has 1 entries but num_windowed_heads=2'),
       (dict(num_windowed_heads=-1), r'num_windowed_heads=-1'),
   )

@@ -11,6 +11,15 @@ attention is shared by every layer (its hooks and parameters the same in
 all), or built once per layer when the encoding class says `per_layer`
 (forgetting attention's gate, CoPE's and FIRE's tables: the official models
 give every layer its own) or the caller asks for it (`encoding_per_layer`).
+
+Dropout (`dropout_rate`, default 0: none, and no RNG needed) acts on the
+attention weights and on both residual branches, Flax's way: `deterministic`
+at construction, per call, or for the whole model with `model.train()` /
+`model.eval()`.
+
+`generate` and `greedy_predictions` decode any model with the cache
+protocol: `init_cache(batch_size, cache_size) -> cache` and `extend(tokens
+[B, S], cache, start, *, positions=None) -> (logits [B, S, V], cache)`.
 """
 
 from typing import Optional
@@ -22,30 +31,48 @@ from flax import nnx
 
 from attention_jax.attention.normalization import Normalization
 from attention_jax.nn.attention import MultiHeadAttention
-from attention_jax.nn.attention import check_cache_slots
+from attention_jax.nn.attention import resolve_deterministic
+from attention_jax.nn.cache import guard_slots
+from attention_jax.nn.cache import is_static
+from attention_jax.nn.cache import poison
 from attention_jax.positional import PositionalEncoding
 from attention_jax.positional import make_encoding
 
 
 class Block(nnx.Module):
-  """Pre-LN transformer block: causal self-attention and a GELU MLP."""
+  """Pre-LN transformer block: causal self-attention and a GELU MLP, each
+  residual branch dropped at `dropout_rate` (as are the attention weights)."""
 
   def __init__(self, d_model: int, num_heads: int, mlp_dim: int,
                positional: Optional[PositionalEncoding], *, rngs: nnx.Rngs,
+               dropout_rate: float = 0.0, deterministic: Optional[bool] = None,
                **attention_options):
     self.attention_norm = nnx.LayerNorm(d_model, rngs=rngs)
     self.attention = MultiHeadAttention(d_model, num_heads, encoding=positional,
+                                        dropout_rate=dropout_rate,
+                                        deterministic=deterministic,
                                         rngs=rngs, **attention_options)
     self.mlp_norm = nnx.LayerNorm(d_model, rngs=rngs)
     self.mlp_in = nnx.Linear(d_model, mlp_dim, rngs=rngs)
     self.mlp_out = nnx.Linear(mlp_dim, d_model, rngs=rngs)
+    self.dropout_rate, self.deterministic = float(dropout_rate), deterministic
+    # Forked only when dropping: rate 0 leaves the parameters' RNG untouched.
+    self.rngs = rngs.dropout.fork() if dropout_rate > 0 else nnx.data(None)
 
-  def __call__(self, x, *, positions, return_weights):
+  def __call__(self, x, *, positions, return_weights, deterministic=None, rngs=None):
     """x `[B, T, d_model]` -> (`[B, T, d_model]`, weights `[B, H, T, T]` or None)."""
     h = self.attention(self.attention_norm(x), positions=positions,
-                       return_weights=return_weights)
+                       return_weights=return_weights, deterministic=deterministic,
+                       rngs=rngs)
     h, weights = h if return_weights else (h, None)
-    return self._mlp(x + h), weights
+    drop = self._residual_dropout(deterministic, rngs)
+    return self._mlp(x + drop(h), drop), weights
+
+  def _residual_dropout(self, deterministic, rngs):
+    if resolve_deterministic(self.dropout_rate, deterministic, self.deterministic):
+      return lambda h: h
+    rngs = self.rngs if rngs is None else rngs
+    return lambda h: nnx.Dropout(self.dropout_rate)(h, deterministic=False, rngs=rngs)
 
   def extend(self, x, cache, start, positions):
     """Cached decoding (see `MultiHeadAttention.extend`; slots checked by
@@ -54,8 +81,8 @@ class Block(nnx.Module):
                                       positions=positions)
     return self._mlp(x + h), cache
 
-  def _mlp(self, x):
-    return x + self.mlp_out(jax.nn.gelu(self.mlp_in(self.mlp_norm(x))))
+  def _mlp(self, x, drop=lambda h: h):
+    return x + drop(self.mlp_out(jax.nn.gelu(self.mlp_in(self.mlp_norm(x)))))
 
 
 class TransformerLM(nnx.Module):
@@ -64,7 +91,9 @@ class TransformerLM(nnx.Module):
   Args:
     vocab_size: number of token ids.
     d_model, num_heads, num_layers, mlp_dim: the usual sizes.
-    encoding: a registry name ('none', 'sinusoidal', 'learned', 'rope', 'alibi', …).
+    encoding: a registry name ('none', 'sinusoidal', 'learned', 'rope', 'alibi', …);
+      a modifier (':randomized', ':coupled') is not part of the name: it says
+      which `positions` to pass (e.g. `positional.coupled_position_ids`).
     max_positions: positions the model must handle; sizes a learned table (its
       rows past the training lengths are never trained — which is what a
       length-extrapolation study measures).
@@ -75,7 +104,11 @@ class TransformerLM(nnx.Module):
     encoding_options: keyword options of the encoding's `build`.
     encoding_per_layer: one encoding (and its parameters) per layer instead
       of one shared; None: the encoding class's `per_layer`.
-    rngs: `nnx.Rngs` for the parameters.
+    dropout_rate: dropout on the attention weights and on the output of
+      each residual branch (attention, MLP); default 0.0 (none).
+    deterministic: True = no dropout; None: from the call or
+      `model.train()` / `model.eval()` (needed when `dropout_rate > 0`).
+    rngs: `nnx.Rngs` for the parameters (and dropout's forks).
   """
 
   def __init__(self, *, vocab_size: int, d_model: int, num_heads: int,
@@ -85,7 +118,9 @@ class TransformerLM(nnx.Module):
                encoding_options: Optional[dict] = None,
                scalable_softmax: Optional[float] = None,
                normalization: Normalization = 'softmax',
-               encoding_per_layer: Optional[bool] = None, rngs: nnx.Rngs):
+               encoding_per_layer: Optional[bool] = None, dropout_rate: float = 0.0,
+               deterministic: Optional[bool] = None, rngs: nnx.Rngs):
+    self.vocab_size = vocab_size
     self.embed = nnx.Embed(vocab_size, d_model,
                            embedding_init=nnx.initializers.normal(1.0), rngs=rngs)
     build = lambda: make_encoding(encoding, d_model=d_model, num_heads=num_heads,
@@ -104,27 +139,35 @@ class TransformerLM(nnx.Module):
         Block(d_model, num_heads, mlp_dim, layer_encoding, rngs=rngs,
               num_kv_heads=num_kv_heads, sliding_window=sliding_window,
               implementation=implementation, scalable_softmax=scalable_softmax,
-              normalization=normalization)
+              normalization=normalization, dropout_rate=dropout_rate,
+              deterministic=deterministic)
         for layer_encoding in layer_encodings[:num_layers]])
     self.final_norm = nnx.LayerNorm(d_model, rngs=rngs)
     self.unembed = nnx.Linear(d_model, vocab_size, rngs=rngs)
 
   def __call__(self, tokens: jax.Array, *, positions: Optional[jax.Array] = None,
-               return_weights: bool = False):
-    """tokens int `[B, T]`; positions `[T]` or `[B, T]` (default 0 … T-1).
+               return_weights: bool = False, deterministic: Optional[bool] = None,
+               rngs=None):
+    """tokens int `[B, T]`; positions `[T]` or `[B, T]` (default 0 … T-1);
+    `deterministic` and `rngs` (dropout) override the modules'.
+
+    Token ids outside 0 … vocab_size-1 are a ValueError when known (outside
+    jit); traced ones are not checked: `nnx.Embed`'s `jnp.take` fills their
+    embeddings with NaN, so every logit of that row is NaN (a masked NaN key
+    still reaches earlier queries, 0 · NaN = NaN); other rows are unaffected.
 
     Returns logits float32 `[B, T, vocab_size]`, and with `return_weights`
     also the list of per-layer attention weights `[B, H, T, T]`.
     """
-    if tokens.ndim != 2:
-      raise ValueError(f'tokens must be [batch, length], got shape {tokens.shape}.')
+    self._check_tokens(tokens)
     t = tokens.shape[1]
     if positions is None:
       positions = np.arange(t, dtype=np.int32)
     x = self.positional.add_to_embeddings(self.embed(tokens), positions)
     all_weights = []
     for block in self.blocks:
-      x, weights = block(x, positions=positions, return_weights=return_weights)
+      x, weights = block(x, positions=positions, return_weights=return_weights,
+                         deterministic=deterministic, rngs=rngs)
       all_weights.append(weights)
     logits = self.unembed(self.final_norm(x)).astype(jnp.float32)
     return (logits, all_weights) if return_weights else logits
@@ -138,9 +181,26 @@ class TransformerLM(nnx.Module):
              positions: Optional[jax.Array] = None) -> tuple[jax.Array, list]:
     """Cached decoding: tokens int `[B, S]` at slots `start … start+S-1`
     (positions default to the slots) -> (logits float32 `[B, S, V]`, cache).
-    Logits equal those of the full causal pass at the same positions."""
-    check_cache_slots(start, tokens.shape[1], cache[0]['key'].shape[2])  # once, not per layer
-    return self._extend(tokens, cache, start, positions=positions)
+    Logits equal those of the full causal pass at the same positions; never
+    drops. Slots outside the cache: a ValueError for a known `start`, else
+    NaN logits and `cache[i]['overflow']` set (`nn.check_cache`)."""
+    self._check_tokens(tokens)
+    # Checked once, not per layer.
+    in_range, record = guard_slots(start, tokens.shape[1], cache[0]['key'].shape[2])
+    logits, cache = self._extend(tokens, cache, start, positions=positions)
+    cache = [dict(c, overflow=record(c['overflow'])) if 'overflow' in c else c
+             for c in cache]
+    return poison(logits, in_range), cache
+
+  def _check_tokens(self, tokens) -> None:
+    if tokens.ndim != 2:
+      raise ValueError(f'tokens must be [batch, length], got shape {tokens.shape}.')
+    if is_static(tokens) and tokens.size:
+      ids = np.asarray(tokens)
+      bad = ids[(ids < 0) | (ids >= self.vocab_size)]
+      if bad.size:
+        raise ValueError(f'token id {int(bad[0])} is outside the vocabulary 0 … '
+                         f'{self.vocab_size - 1} (vocab_size={self.vocab_size}).')
 
   def _extend(self, tokens, cache, start, *, positions=None):
     """`extend` without the slot check, for callers that guarantee the range."""
@@ -155,11 +215,31 @@ class TransformerLM(nnx.Module):
     return self.unembed(self.final_norm(x)).astype(jnp.float32), new_cache
 
 
+PROTOCOL = ('init_cache(batch_size, cache_size) -> cache and extend(tokens [B, S], cache, '
+            'start, *, positions=None) -> (logits [B, S, V], cache)')
+
+
+def check_cache_protocol(model, caller: str) -> None:
+  """TypeError naming the methods `caller` needs if `model` lacks them."""
+  missing = [m for m in ('init_cache', 'extend') if not callable(getattr(model, m, None))]
+  if missing:
+    raise TypeError(f'{caller} decodes with a key/value cache: the model needs {PROTOCOL}, '
+                    f'as TransformerLM has; {type(model).__name__} has no '
+                    f'{" or ".join(missing)}.')
+
+
+def _extend(model, tokens, cache, start, positions):
+  if positions is None:  # a model of its own may take no positions
+    return model.extend(tokens, cache, start)
+  return model.extend(tokens, cache, start, positions=positions)
+
+
 def greedy_predictions(model: TransformerLM, inputs: jax.Array,
                        prompt_lengths: jax.Array,
                        positions: Optional[jax.Array] = None, *,
                        stop: Optional[jax.Array] = None) -> jax.Array:
-  """Greedy decoding through `model.extend`, rows with their own prompt lengths.
+  """Greedy decoding through `model.extend` (any model with the cache
+  protocol, module docstring), rows with their own prompt lengths.
 
   Position t reads `inputs[:, t]` while t < prompt_lengths (int `[B]`), else
   the prediction at t-1, and predicts token t+1. Returns int32 `[B, T]`;
@@ -171,14 +251,14 @@ def greedy_predictions(model: TransformerLM, inputs: jax.Array,
   T): positions from `stop` on are left 0, for callers that know where every
   row ends.
   """
+  check_cache_protocol(model, 'greedy_predictions')
   b, t = inputs.shape
   if positions is not None:
     positions = jnp.broadcast_to(jnp.asarray(positions, jnp.int32), (b, t))
   # Prefill with every token: slots past a row's prompt hold teacher-forced
   # keys until decoding rewrites them, and `extend`'s causal mask hides every
   # slot past the query, so none is read before it is rewritten.
-  logits, cache = model._extend(inputs, model.init_cache(b, t), 0,  # pylint: disable=protected-access
-                                positions=positions)
+  logits, cache = _extend(model, inputs, model.init_cache(b, t), 0, positions)
   predictions = jnp.argmax(logits, -1).astype(jnp.int32)
   first = jnp.clip(jnp.min(prompt_lengths) - 1, 0, t)
   stop = t if stop is None else jnp.clip(stop, first, t)
@@ -189,10 +269,9 @@ def greedy_predictions(model: TransformerLM, inputs: jax.Array,
     previous = jax.lax.dynamic_index_in_dim(predictions, jnp.maximum(i - 1, 0), 1, False)
     token = jnp.where(i < prompt_lengths, inputs[:, i], previous)
     pos = None if positions is None else jax.lax.dynamic_slice_in_dim(positions, i, 1, 1)
-    # Slot i of a cache of t slots, i < t: in range by construction, so no
-    # run-time check (a host callback per step and layer) in this loop.
-    logits, cache = nnx.merge(graphdef, state)._extend(  # pylint: disable=protected-access
-        token[:, None], cache, i, positions=pos)
+    # Slot i of a cache of t slots, i < t: in range by construction (the
+    # traced check costs a few scalar operations).
+    logits, cache = _extend(nnx.merge(graphdef, state), token[:, None], cache, i, pos)
     prediction = jnp.argmax(logits, -1).astype(jnp.int32)
     return cache, jax.lax.dynamic_update_slice_in_dim(predictions, prediction, i, 1)
 
@@ -205,7 +284,8 @@ def generate(model: TransformerLM, prompt: jax.Array, num_tokens: int, *,
   """Greedy generation with the key/value cache.
 
   Args:
-    model: a `TransformerLM`.
+    model: a `TransformerLM`, or any model with the cache protocol (module
+      docstring); a TypeError naming the methods otherwise.
     prompt: int `[B, P]`, P >= 1 tokens.
     num_tokens: how many tokens to append.
     positions: optional int `[P + num_tokens]` or `[B, P + num_tokens]` for
@@ -216,6 +296,7 @@ def generate(model: TransformerLM, prompt: jax.Array, num_tokens: int, *,
     the logits after the tokens so far — what re-running the model on the
     growing sequence would pick.
   """
+  check_cache_protocol(model, 'generate')
   prompt = jnp.asarray(prompt, jnp.int32)
   if prompt.ndim != 2 or prompt.shape[1] < 1:
     raise ValueError(f'prompt must be int [batch, length >= 1], got shape {prompt.shape}.')

@@ -11,6 +11,7 @@ from attention_jax.positional.base import ScoreContext
 from attention_jax.positional.cope import CoPE
 from attention_jax.positional.cope import cope_bias
 from attention_jax.positional.cope import cope_positions
+from attention_jax.positional.coupling import coupled_position_ids
 from attention_jax.positional.dape import DAPE
 from attention_jax.positional.dape import dape_bias
 from attention_jax.positional.dape import dape_scores

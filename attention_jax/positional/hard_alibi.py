@@ -69,6 +69,10 @@ def check_windows(num_heads: int, num_windowed_heads: Optional[int],
       raise ValueError(f'{name}: widths={widths!r} must be integers >= 1 (one per '
                        f'windowed head); got {w!r}.')
   m = num_windowed_heads
+  if m is None and len(widths) > num_heads:
+    raise ValueError(f'{name}: widths={widths!r} gives {len(widths)} windowed heads (one '
+                     f'width each) but there are num_heads={num_heads}; give at most '
+                     f'{num_heads} widths.')
   if m is None:
     m = len(widths) if widths else num_heads // 2
   if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or not 0 <= m <= num_heads:

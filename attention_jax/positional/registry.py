@@ -103,6 +103,15 @@ def make_encoding(
     **options: encoding-specific keywords, e.g. `base=` for 'rope'.
   """
   if name not in ENCODINGS:
+    base, _, modifier = str(name).partition(':')
+    if modifier:
+      raise ValueError(
+          f'positional encoding {name!r}: ":{modifier}" is a modifier of a sweep spec (one '
+          f'of {"|".join(MODIFIERS)}), not part of the encoding; build {base!r} and pass the '
+          'positions to the model call instead (":coupled": '
+          'positional.coupled_position_ids, ":randomized": positional.random_positions); '
+          'parse_encoding_spec splits a spec.' + (
+              '' if base in ENCODINGS else f' {base!r} is not one of {sorted(ENCODINGS)}.'))
     raise ValueError(
         f'unknown positional encoding {name!r}; choose one of {sorted(ENCODINGS)}.')
   if d_model % num_heads:

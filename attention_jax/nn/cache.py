@@ -1,0 +1,229 @@
+"""Key/value caches: `MultiHeadAttention`'s cached decoding and the slot check.
+
+A write past the cache's end is an error, but `dynamic_update_slice` would
+silently shift it. Where `start` is known while tracing (a Python or NumPy
+int, or a concrete array outside jit) `extend` raises a ValueError at once.
+Where it is traced (under `jit`, `nnx.jit`, `scan`) there is no exception to
+raise: the call records the first bad range in the cache's `overflow` entry
+(int32 `[2]`: start, end; `(0, 0)` while every write was in range) and
+returns NaN outputs, so no number computed from a shifted cache looks valid.
+`check_cache` then raises the same ValueError, word for word, as the eager
+call would have.
+
+This replaces a host callback (`jax.debug.callback`) that raised on the
+host: under jit that surfaces as an INTERNAL runtime error after a logged
+traceback, and it costs a device-host round trip per step and layer.
+"""
+
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from attention_jax.attention import scaled_dot_product_attention
+from attention_jax.attention.scalable import scalable_softmax_queries
+from attention_jax.attention.scalable import visible_keys
+from attention_jax.positional.base import ScoreContext
+
+NO_OVERFLOW = (0, 0)
+CACHE_NAMES = ('key', 'value', 'positions', 'features', 'overflow')
+
+
+def past_cache_message(start: int, end: int, t_max: int) -> str:
+  """The one wording of the error, eager or read back from `overflow`."""
+  return (f'extend writes cache slots {start} … {end - 1} but the cache has {t_max} '
+          f'slots (0 … {t_max - 1}); make it longer with init_cache(cache_size=...).')
+
+
+def is_static(start) -> bool:
+  """Whether `start` has a value now (not a tracer)."""
+  return not isinstance(start, jax.core.Tracer)
+
+
+def check_cache_slots(start, s_len: int, t_max: int) -> None:
+  """ValueError if a known `start` puts slots start … start+s_len-1 outside
+  0 … t_max-1; nothing for a traced one (see `guard_slots`)."""
+  if is_static(start):
+    start = int(start)
+    if start < 0 or start + s_len > t_max:
+      raise ValueError(past_cache_message(start, start + s_len, t_max))
+
+
+def empty_overflow() -> jax.Array:
+  return jnp.array(NO_OVERFLOW, jnp.int32)
+
+
+def guard_slots(start, s_len: int, t_max: int) -> tuple[Any, Any]:
+  """(in_range, record): `in_range` a bool scalar (True for a static start,
+  already checked), `record(overflow)` the cache's new `overflow` entry."""
+  check_cache_slots(start, s_len, t_max)
+  if is_static(start):
+    return True, lambda overflow: overflow
+  start = jnp.asarray(start, jnp.int32)
+  in_range = (start >= 0) & (start + s_len <= t_max)
+
+  def record(overflow):
+    first = jnp.all(overflow == 0) & ~in_range  # keep the first bad write
+    return jnp.where(first, jnp.stack([start, start + s_len]), overflow)
+
+  return in_range, record
+
+
+def poison(out: jax.Array, in_range) -> jax.Array:
+  """NaN outputs for an out-of-range write; `out` itself when in range."""
+  if in_range is True:
+    return out
+  return jnp.where(in_range, out, jnp.asarray(jnp.nan, out.dtype))
+
+
+def check_cache(cache) -> None:
+  """Raises the ValueError an eager `extend` would have raised if any write
+  into `cache` (one layer's dict, or a model's list of them) went outside
+  its slots under jit. Call it on the cache a jitted step returned."""
+  layers = cache if isinstance(cache, (list, tuple)) else [cache]
+  for layer in layers:
+    if not isinstance(layer, dict) or 'key' not in layer:
+      raise TypeError('check_cache takes a cache from init_cache (a dict with "key", '
+                      f'"value", …, or a list of them), got {type(layer).__name__}.')
+    if 'overflow' not in layer:
+      continue
+    start, end = (int(v) for v in np.asarray(layer['overflow']))
+    if (start, end) != NO_OVERFLOW:
+      raise ValueError(past_cache_message(start, end, layer['key'].shape[2]))
+
+
+class KVCache:
+  """`MultiHeadAttention`'s cached decoding: `init_cache`, `extend` and
+  Flax's stateful `decode=True`. Reads the module's projections, encoding,
+  window and normalization."""
+
+  def init_cache(self, batch_size, cache_size: Optional[int] = None,
+                 dtype=jnp.float32) -> Optional[dict]:
+    """An empty key/value cache, returned or (Flax's way) kept in the module.
+
+    `init_cache(batch_size, cache_size)` returns the cache for `extend`:
+    key/value `[B, H_kv, cache_size, D]` (rotated keys when the encoding
+    rotates), their int32 positions `[B, cache_size]`, for an encoding with
+    `token_features` the keys' features float32 `[B, cache_size, F]`, and
+    `overflow` int32 `[2]` (see `nn.cache`).
+
+    `init_cache(input_shape)`, Flax's form, `input_shape = (B, cache_size,
+    …)`: the same cache stored in the module (`cached_key`, …,
+    `cache_index`), returning None, for calls with `decode=True`.
+
+    Heads before slots: the layout the score and output contractions read,
+    so a decoding step does not transpose the whole cache."""
+    if isinstance(batch_size, (tuple, list)):
+      if cache_size is not None or len(batch_size) < 2:
+        raise ValueError(f'init_cache(input_shape) takes (batch, cache_size, ...), got '
+                         f'{batch_size!r} and cache_size={cache_size!r}.')
+      self._store(self.init_cache(batch_size[0], batch_size[1], dtype))
+      self.cache_index = nnx.Cache(jnp.array(0, jnp.int32))
+      return None
+    if cache_size is None:
+      raise ValueError('init_cache needs (batch_size, cache_size), or Flax\'s input_shape '
+                       f'tuple; got batch_size={batch_size!r} alone.')
+    shape = (batch_size, self.num_kv_heads, cache_size, self.head_dim)
+    cache = dict(key=jnp.zeros(shape, dtype), value=jnp.zeros(shape, dtype),
+                 positions=jnp.zeros((batch_size, cache_size), jnp.int32),
+                 overflow=empty_overflow())
+    features = jax.eval_shape(self.positional.token_features, jax.ShapeDtypeStruct(
+        (batch_size, cache_size, self.d_model), jnp.float32))
+    if features is not None:
+      cache['features'] = jnp.zeros(features.shape, jnp.float32)
+    return cache
+
+  def _store(self, cache: dict) -> None:
+    for name in CACHE_NAMES:
+      if name in cache:
+        setattr(self, f'cached_{name}', nnx.Cache(cache[name]))
+
+  def _decode(self, x, context, positions, mask, bias, kv_lengths, weighted):
+    if self.cache_index is None:
+      raise ValueError('decode=True reads the cache kept in the module: call '
+                       'init_cache((batch, cache_size, d_model)) first.')
+    if context is not None or mask is not None or bias is not None or kv_lengths is not None \
+        or weighted:
+      raise ValueError('decode=True is causal self-attention over the cache: it takes no '
+                       'context, mask, bias, kv_lengths, return_weights or sow_weights.')
+    cache = {name: getattr(self, f'cached_{name}')[...] for name in CACHE_NAMES
+             if getattr(self, f'cached_{name}') is not None}
+    out, cache = self.extend(x, cache, self.cache_index[...], positions=positions)
+    for name, value in cache.items():
+      getattr(self, f'cached_{name}')[...] = value
+    self.cache_index[...] += x.shape[1]
+    return out
+
+  def extend(self, x: jnp.ndarray, cache: dict, start, *,
+             positions: Optional[jnp.ndarray] = None) -> tuple[jnp.ndarray, dict]:
+    """Causal self-attention of S new tokens over themselves and the cache.
+
+    The tokens take cache slots `start … start+S-1` (`start` may be traced);
+    each attends to slots at or before its own (and inside the sliding
+    window). Prefill is one call with S = prompt length, decoding one call
+    per token with S = 1; either way the outputs equal the full causal pass.
+    Never drops (dropout is for training passes).
+
+    Slots outside the cache: a ValueError for a known `start`; for a traced
+    one, NaN outputs and the range recorded in `cache['overflow']`, which
+    `aj.nn.check_cache(cache)` turns into the same ValueError.
+
+    Args:
+      x: `[B, S, d_model]`.
+      cache: from `init_cache` or a previous `extend`.
+      start: first slot written, an int or int32 scalar.
+      positions: int `[S]` or `[B, S]` for the encoding; default the slots.
+
+    Returns:
+      `(out [B, S, out_features], cache)` with the new keys, values and
+      positions.
+    """
+    in_range, record = guard_slots(start, x.shape[1], cache['key'].shape[2])
+    out, cache = self._extend(x, cache, start, positions=positions)
+    if 'overflow' in cache:
+      cache = dict(cache, overflow=record(cache['overflow']))
+    return poison(out, in_range), cache
+
+  def _extend(self, x, cache, start, *, positions=None):
+    """`extend` without the slot check, for callers that guarantee the range."""
+    if not self.causal:
+      raise ValueError('extend (cached decoding) is causal attention, but this module '
+                       'has causal=False.')
+    (b, s_len, _), t_max = x.shape, cache['key'].shape[2]
+    slots = start + jnp.arange(s_len, dtype=jnp.int32)
+    if positions is None:
+      positions = slots
+    positions = jnp.broadcast_to(jnp.asarray(positions, jnp.int32), (b, s_len))
+    q, k, v = self.W_Q(x), self.W_K(x), self.W_V(x)
+    q, k = self.positional.rotate_queries_keys(q, k, positions, positions)
+    if self.ssmax_scale is not None:  # slot i sees slots 0 … i (and the window)
+      n = visible_keys(slots, t_max, causal=True, window=self.sliding_window)
+      q = scalable_softmax_queries(q, self.ssmax_scale[...], n)
+    write = lambda buf, new, axis: jax.lax.dynamic_update_slice_in_dim(
+        buf, new.astype(buf.dtype), start, axis=axis)
+    heads_first = lambda a: jnp.swapaxes(a, 1, 2)  # [B, S, H, D] <-> [B, H, S, D]
+    features = self.positional.token_features(x)
+    cache = dict(cache, key=write(cache['key'], heads_first(k), 2),
+                 value=write(cache['value'], heads_first(v), 2),
+                 positions=write(cache['positions'], positions, 1))
+    if features is not None:
+      cache['features'] = write(cache['features'], features, 1)
+    keys = jnp.arange(t_max)[None, :]
+    mask = keys <= slots[:, None]  # causal; also hides the slots not yet written
+    if self.sliding_window is not None:
+      mask = mask & (slots[:, None] - keys < self.sliding_window)
+    all_keys = heads_first(cache['key']).astype(q.dtype)
+    score_bias = self.positional.score_contribution(ScoreContext(
+        q=q, k=all_keys, q_positions=positions, k_positions=cache['positions'],
+        q_slots=slots, q_features=features, k_features=cache.get('features'), causal=True,
+        window=self.sliding_window))
+    # The mask moves with `start`, which blocks do not express; the queries
+    # are one token (or a prompt), cheap on the other kernels.
+    implementation = 'auto' if self.implementation == 'chunked' else self.implementation
+    out = scaled_dot_product_attention(
+        q, all_keys, heads_first(cache['value']).astype(v.dtype), mask=mask,
+        score_bias=score_bias, normalization=self.normalization, q_slots=slots,
+        implementation=implementation)
+    return self.W_O(out), cache
