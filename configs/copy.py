@@ -231,6 +231,11 @@ def get_config(arg=None):
   c.train.checkpoint_every = 500  # steps between checkpoints (also saved at the end and on SIGTERM)
   c.train.checkpoint_keep = 2  # newest checkpoints kept per run
   c.train.stop_after = 0  # stop cleanly (checkpointed) after this many steps; 0 = run to num_steps
+  # Time box of one invocation, minutes from its start; 0 = none. When it runs out, the
+  # runs in training checkpoint and the command exits with status 75 (EX_TEMPFAIL) and
+  # the same command continues (a cluster job requeues on it); a study starts no new
+  # run and writes no outputs. Checked after every compiled call, not during evaluation.
+  c.train.max_minutes = 0.0
   c.train.tensorboard = True  # also write TensorBoard event files (tensorboardX, no TensorFlow)
 
   c.eval = ml_collections.ConfigDict()
@@ -259,6 +264,17 @@ def get_config(arg=None):
   # trained model, see attention_jax/lab/identity.py): 'error' refuses it,
   # 'retrain' trains into a fresh sibling directory (seed0-2, …).
   c.study.on_mismatch = 'error'
+  # A run directory another process is training (its .lock names host and pid):
+  # 'refuse' (one line naming the holder; a study leaves that run to it) | 'wait'.
+  c.study.on_locked = 'refuse'
+  # (INDEX, COUNT): train shard INDEX of COUNT of the sweep, e.g. "(0,4)" (runs
+  # sorted by name, dealt round-robin; the stacked seeds of a setup stay together);
+  # () = SLURM_ARRAY_TASK_ID/COUNT when set, else every run. The outputs are
+  # written by whichever shard finishes the sweep's last run.
+  c.study.shard = ()
+  # Train nothing; write results.csv, summary.md and the figure from the finished
+  # runs (refused, naming one, if a run is unfinished): a report step after an array.
+  c.study.report_only = False
   # Modules imported before anything else, e.g. one that registers its own
   # encoding with attention_jax.register_encoding (--config.imports="('mypkg.encodings',)").
   c.imports = ()

@@ -15,7 +15,10 @@ weights on one copy example at L_train and at 4 × L_train). About 4 minutes on
 (`:task=reverse`, `:size=tiny`).
 """
 
-from configs import copy
+try:  # installed: the presets ship as attention_jax.configs
+  from attention_jax.configs import copy
+except ModuleNotFoundError:  # the clone, run from its root: configs/ is a top-level package
+  from configs import copy
 
 
 def get_config(arg=None):

@@ -11,13 +11,14 @@ See configs/copy.py for presets, expected results and runtime.
 
 from absl import app
 from absl import flags
-from ml_collections import config_flags
 
+from attention_jax.lab import presets
 from attention_jax.lab.runtime import entry_point
+from attention_jax.lab.runtime import parse_flags
 from attention_jax.lab.study import run_study
 
-_CONFIG = config_flags.DEFINE_config_file(
-    'config', 'configs/copy.py', 'Study configuration (a get_config file).')
+_CONFIG = presets.DEFINE_config_file(
+    'config', 'copy', 'Study configuration.')
 _WORKDIR = flags.DEFINE_string('workdir', 'runs/copy', 'Where outputs are written.')
 
 
@@ -25,10 +26,12 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   with entry_point(_CONFIG.value):
-    run_study(_CONFIG.value, _WORKDIR.value)
+    written = run_study(_CONFIG.value, _WORKDIR.value)
+  if not written:  # a shard whose sweep is unfinished: the last shard writes them
+    return
   print(open(f'{_WORKDIR.value}/summary.md').read())
   print(f'Figure: {_WORKDIR.value}/extrapolation.png')
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

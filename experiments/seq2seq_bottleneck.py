@@ -13,16 +13,17 @@ import os
 
 from absl import app
 from absl import flags
-from ml_collections import config_flags
 
 from attention_jax.lab import evaluate
+from attention_jax.lab import presets
 from attention_jax.lab import tasks
 from attention_jax.lab.plots import plot_alignments
 from attention_jax.lab.runtime import entry_point
+from attention_jax.lab.runtime import parse_flags
 from attention_jax.lab.study import run_study
 
-_CONFIG = config_flags.DEFINE_config_file(
-    'config', 'configs/seq2seq.py', 'Study configuration (a get_config file).')
+_CONFIG = presets.DEFINE_config_file(
+    'config', 'seq2seq', 'Study configuration.')
 _WORKDIR = flags.DEFINE_string('workdir', 'runs/seq2seq', 'Where outputs are written.')
 
 
@@ -50,4 +51,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

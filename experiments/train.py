@@ -3,33 +3,37 @@ r"""Train one model and evaluate it at every length.
   python -m experiments.train --config=configs/copy.py:encoding=rope --workdir=runs/one
 
 Writes config.json, metrics.jsonl (every step), results.csv (accuracy per
-length) and run.json (timings) into --workdir. The same command resumes; a
---workdir trained with another config is refused (or, with
+length) and run.json (timings) into --workdir. The same command resumes (on
+a finished run it prints where its evaluation is; --reevaluate evaluates it
+again); a --workdir trained with another config is refused (or, with
 --config.study.on_mismatch=retrain, the run goes to --workdir-2). Presets and
 fields: configs/copy.py.
 """
 
 from absl import app
 from absl import flags
-from ml_collections import config_flags
 
+from attention_jax.lab import presets
 from attention_jax.lab.runtime import entry_point
+from attention_jax.lab.runtime import parse_flags
 from attention_jax.lab.study import run_one
 
-_CONFIG = config_flags.DEFINE_config_file(
-    'config', 'configs/copy.py', 'Run configuration (a get_config file).')
+_CONFIG = presets.DEFINE_config_file(
+    'config', 'copy', 'Run configuration.')
 _WORKDIR = flags.DEFINE_string('workdir', 'runs/one', 'Where outputs are written.')
+_REEVALUATE = flags.DEFINE_bool(
+    'reevaluate', False, 'Evaluate a finished run again (else its results.csv is read back).')
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   with entry_point(_CONFIG.value):
-    rows = run_one(_CONFIG.value, _WORKDIR.value, log=print)
+    rows = run_one(_CONFIG.value, _WORKDIR.value, log=print, reevaluate=_REEVALUATE.value)
   print(f"{'length':>8} {'token acc':>10} {'exact':>8}")
   for r in rows:
     print(f"{r['length']:>8} {100 * r['token_accuracy']:>9.1f}% {100 * r['exact_match']:>7.1f}%")
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

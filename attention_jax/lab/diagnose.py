@@ -3,16 +3,23 @@
 For every transformer encoding of a study, the first seed's trained model is
 restored from the study's workdir (its final checkpoint; nothing is trained
 or rewritten: a run that is missing, unfinished or trained with another
-config is an error naming it), then:
+config is an error naming it), or the one model of an experiments.train
+workdir; then:
 
 * `attention_maps_LABEL.png`: heat maps per layer and head for one copy
   example at L_train and at 4 × L_train;
 * `attention_entropy.png`: mean attention entropy vs query position at
   4 × L_train, one line per encoding, with the uniform-attention curve.
+
+Without a config, the workdir's own is used (`stored_config`), so the study's
+encodings, seeds and tasks need not be repeated.
 """
 
+import glob
+import importlib
+
 import os
-from typing import Callable
+from typing import Callable, Optional
 
 import ml_collections
 import numpy as np
@@ -21,6 +28,7 @@ from attention_jax.lab import evaluate
 from attention_jax.lab import identity
 from attention_jax.lab import models
 from attention_jax.lab import tasks
+from attention_jax.lab import workdirs
 from attention_jax.lab.plots import plot_attention_maps
 from attention_jax.lab.plots import plot_entropy
 from attention_jax.lab.study import run_configs
@@ -48,22 +56,54 @@ def _trained_run(config: ml_collections.ConfigDict, workdir: str) -> str:
                    'config first (python -m experiments.length_extrapolation).')
 
 
-def run_diagnostics(config: ml_collections.ConfigDict, workdir: str, *,
+def stored_config(workdir: str) -> ml_collections.ConfigDict:
+  """The config `workdir` was made with: an experiments.train workdir's
+  config.json; for a study, its own config.json if it has one, else the
+  newest of its runs' (each run records the whole config, its study section
+  included). Modules in its `imports` are imported (a registered encoding)."""
+  candidates = [os.path.join(workdir, 'config.json')]
+  if workdirs.kind(workdir) == 'study' and not os.path.exists(candidates[0]):
+    candidates = sorted(glob.glob(os.path.join(workdir, 'runs', '*', '*', 'seed*', 'config.json')),
+                        key=os.path.getmtime, reverse=True)
+  for path in candidates:
+    config = identity.read_config(os.path.dirname(path))
+    if config is not None:
+      for module in config.get('imports', ()):
+        importlib.import_module(module)
+      return config
+  raise ConfigError(f'--workdir={workdir} holds no readable config.json (nor '
+                    'runs/TASK/LABEL/seedN/config.json); expected a trained study or run.')
+
+
+def run_diagnostics(config: Optional[ml_collections.ConfigDict], workdir: str, *,
                     num_examples: int = 64,
                     log: Callable[[str], None] = print) -> dict[str, np.ndarray]:
-  """Draws the figures into `workdir`; returns the entropy curves by label.
-  Reads the study's finished runs only: every one is found (`_trained_run`)
-  before any figure is drawn."""
-  validate_config(config, study=True)
-  seed = config.study.seeds[0]
-  runs = [c for c in run_configs(config)
-          if c.model.kind == 'transformer' and c.train.seed == seed
-          and c.task.name == config.study.tasks[0]]
+  """Draws the figures into `workdir` (a study's, or one experiments.train
+  run's); returns the entropy curves by label. `config` None: the workdir's
+  own (`stored_config`). Reads finished runs only: every one is found
+  (`_trained_run`) before any figure is drawn."""
+  if config is None:
+    config = stored_config(workdir)
+  if workdirs.kind(workdir) == 'run':
+    validate_config(config)
+    runs, run_dirs = [config], [workdir]
+    if config.model.kind != 'transformer':
+      raise ConfigError(f'{workdir} holds a {config.model.kind} model; attention maps are '
+                        'drawn for transformers.')
+  else:
+    validate_config(config, study=True)
+    runs = [c for c in run_configs(config)
+            if c.model.kind == 'transformer' and c.train.seed == config.study.seeds[0]
+            and c.task.name == config.study.tasks[0]]
+    if not runs:
+      raise ConfigError(f'{workdir}: study.models={tuple(config.study.models)} has no '
+                        'transformer to draw attention maps of.')
+    run_dirs = [_trained_run(c, workdir) for c in runs]
+  seed = runs[0].train.seed
   train_max = config.task.train_max_length
   long = min(4 * train_max, config.eval.max_length)
   task = tasks.get_task(runs[0].task.name)
   train_tokens = tasks.tokens_read(task, train_max)
-  run_dirs = [_trained_run(c, workdir) for c in runs]
   curves = {}
   with stop_requests():
     for c, run_dir in zip(runs, run_dirs):

@@ -40,8 +40,8 @@ NOT_TRAINING = (
     'eval.',  # what is measured (see the module docstring for what derives from it)
     'positions.randomized_eval',  # evaluation positions
     'study.',  # which runs a sweep visits; a run's config has its own task/kind/encoding/seed
-    'train.stop_after', 'train.log_every', 'train.checkpoint_every', 'train.checkpoint_keep',
-    'train.tensorboard',  # when to stop, log and checkpoint
+    'train.stop_after', 'train.max_minutes', 'train.log_every', 'train.checkpoint_every',
+    'train.checkpoint_keep', 'train.tensorboard',  # when to stop, log and checkpoint
     'train.steps_per_call',  # steps fused per compiled call: the same training (to 1e-6)
     'progress', 'distributed', 'deterministic_gpu', 'imports',  # how the process runs
 )

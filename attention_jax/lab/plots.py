@@ -1,6 +1,6 @@
 """Figures, drawn from result rows only (so any workdir can be redrawn)."""
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import matplotlib
 
@@ -17,20 +17,53 @@ def _color(i: int):
   return plt.get_cmap('tab20')(((2 * i) % 20 if i < 10 else (2 * i + 1) % 20) / 19)
 
 
-def plot_extrapolation(rows: Sequence[dict], path: str, *, train_min: int,
-                       train_max: int) -> None:
+def training_marks(ranges: dict[str, Optional[tuple[int, int]]]) -> dict:
+  """How the training lengths are marked, from each source's `(min, max)`
+  (None: unknown): `span` (the shaded range, or None), its `label`, `lines`
+  (length, label) of vertical marks and `shared`. One range shared by every
+  source (`shared`): that range, with 2×, 4×, 8× L_train dotted. Ranges that
+  differ: their union shaded and labelled as one, and each L_train marked."""
+  known = {name: r for name, r in ranges.items() if r}
+  distinct = sorted(set(known.values()))
+  if not distinct:
+    return dict(span=None, label=None, lines=[], shared=False)
+  if len(distinct) == 1:
+    (lo, hi), = distinct
+    return dict(span=(lo, hi), label='training lengths',
+                lines=[(k * hi, f'{k}× L_train') for k in (2, 4, 8)], shared=True)
+  each = ', '.join(f'{name or "?"} {lo}–{hi}' for name, (lo, hi) in known.items())
+  span = (min(lo for lo, _ in distinct), max(hi for _, hi in distinct))
+  lines = [(hi, f'L_train = {hi} (' + ', '.join(n for n, r in known.items() if r[1] == hi) + ')')
+           for hi in sorted({hi for _, hi in distinct})]
+  return dict(span=span, label=f'training lengths, union of {each}', lines=lines,
+              shared=False)
+
+
+def plot_extrapolation(rows: Sequence[dict], path: str, *, train_min: Optional[int] = None,
+                       train_max: Optional[int] = None,
+                       train_ranges: Optional[dict[str, Optional[tuple[int, int]]]] = None,
+                       ) -> None:
   """Accuracy vs input length: one line per encoding (mean over seeds), the
   seeds' min–max shaded, the training range marked. A row of two panels
-  (token accuracy, exact match) per task."""
+  (token accuracy, exact match) per task.
+
+  Rows may carry a `source` (the workdir they come from, for figures that
+  combine several): lines are then labelled `SOURCE:ENCODING`, and
+  `train_ranges` maps each source to its training lengths `(min, max)`
+  (`training_marks`); else `train_min`, `train_max` are the one range.
+  """
+  if train_ranges is None:
+    train_ranges = {'': (train_min, train_max) if train_max else None}
+  marks = training_marks(train_ranges)
   task_names = sorted({r['task'] for r in rows})
   fig, axes = plt.subplots(len(task_names), 2, figsize=(14, 4.2 * len(task_names)),
                            squeeze=False)
   for row_axes, task in zip(axes, task_names):
     task_rows = [r for r in rows if r['task'] == task]
-    encodings = list(dict.fromkeys(r['encoding'] for r in task_rows))
+    keys = list(dict.fromkeys((r.get('source', ''), r['encoding']) for r in task_rows))
     for ax, (metric, title) in zip(row_axes, METRICS):
-      for i, enc in enumerate(encodings):
-        sel = [r for r in task_rows if r['encoding'] == enc]
+      for i, (source, enc) in enumerate(keys):
+        sel = [r for r in task_rows if (r.get('source', ''), r['encoding']) == (source, enc)]
         lengths = sorted({r['length'] for r in sel})
         values = np.array([[r[metric] for r in sel if r['length'] == n] for n in lengths
                            ], dtype=object)
@@ -38,17 +71,21 @@ def plot_extrapolation(rows: Sequence[dict], path: str, *, train_min: int,
         lo = np.array([np.min(v) for v in values])
         hi = np.array([np.max(v) for v in values])
         seeds = len({r['seed'] for r in sel})
+        label = f'{source}:{enc}' if source else enc
         # Variants of an encoding (NAME:randomized, rope+pi) dashed.
-        line, = ax.plot(lengths, 100 * mean, label=f'{enc} ({seeds} seeds)', lw=1.8,
+        line, = ax.plot(lengths, 100 * mean, label=f'{label} ({seeds} seeds)', lw=1.8,
                         color=_color(i),
                         ls='--' if (':' in enc or '+' in enc) else '-')
         ax.fill_between(lengths, 100 * lo, 100 * hi, color=line.get_color(), alpha=0.18)
-      ax.axvspan(train_min, train_max, color="0.85", zorder=0,
-                 label='training lengths')
-      for k in (2, 4, 8):
-        ax.axvline(k * train_max, color='0.6', lw=0.8, ls=':', zorder=0)
+      if marks['span']:
+        ax.axvspan(*marks['span'], color="0.85", zorder=0, label=marks['label'])
+      shared = marks['shared']
+      for length, mark in marks['lines']:
+        ax.axvline(length, color='0.6', lw=0.8, ls=':' if shared else '-.', zorder=0,
+                   label=None if shared else mark)
       ax.set_xscale('log', base=2)
-      ax.set_xlabel('input length (log scale; dotted: 2×, 4×, 8× L_train)')
+      ax.set_xlabel('input length (log scale; dotted: 2×, 4×, 8× L_train)' if shared
+                    else 'input length (log scale)')
       ax.set_ylabel(f'{title} (%)')
       ax.set_ylim(-2, 102)
       ax.set_title(f'{task}: {title}')

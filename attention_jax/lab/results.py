@@ -127,3 +127,50 @@ def generation_summary(rows: Sequence[dict]) -> list[str]:
       f'{100 * float(np.mean(agreement)):.3f}% of sequences on average over '
       f'{len(scored)} (model, length) cells, worst cell {100 * worst["generation_agreement"]:.2f}% '
       f'({worst["encoding"]}, seed {worst["seed"]}, length {worst["length"]}).', '']
+
+
+def _buckets(train_max: int) -> list[tuple[str, set]]:
+  """summary_markdown's columns as (name, lengths), relative to L_train."""
+  return [('1–L', set(range(1, train_max + 1)))] + [
+      (f'{k}×L', {k * train_max}) for k in MULTIPLES]
+
+
+def comparison_markdown(rows_a: Sequence[dict], rows_b: Sequence[dict], *,
+                        names: tuple[str, str], train_max: tuple[int, int]) -> str:
+  """Two studies side by side: per task and metric, one line per (encoding,
+  length bucket) cell with each study's mean ± std over seeds, and b − a in
+  percentage points of the means. Buckets are summary_markdown's columns,
+  each relative to its own study's L_train (`train_max`). A cell evaluated
+  in one study only is flagged; one in neither is left out."""
+  (a, b), (max_a, max_b) = names, train_max
+  same = max_a == max_b
+  lines = [f'## {b} against {a}', '',
+           'Accuracy in percent, mean ± std over seeds (seeds in brackets); '
+           f'{b} − {a} in percentage points of the means. Length buckets are '
+           'those of summary.md: "1–L" averages every evaluated length up to '
+           'L_train, "k×L" is the accuracy at exactly k × L_train '
+           + (f'(L_train = {max_a} in both).' if same else
+              f'(L_train = {max_a} in {a}, {max_b} in {b}: the buckets are at other lengths).'),
+           '']
+  header = ['encoding', 'lengths', a, b, f'{b} − {a}', 'note']
+  tasks = list(dict.fromkeys([r['task'] for r in rows_a] + [r['task'] for r in rows_b]))
+  for task in tasks:
+    sel_a = [r for r in rows_a if r['task'] == task]
+    sel_b = [r for r in rows_b if r['task'] == task]
+    encodings = list(dict.fromkeys([r['encoding'] for r in sel_a + sel_b]))
+    for metric, title in (('token_accuracy', 'token accuracy'), ('exact_match', 'exact match')):
+      lines += [f'### {task}: {title}', '', '| ' + ' | '.join(header) + ' |',
+                '|' + '---|' * len(header)]
+      for enc in encodings:
+        va = [dict(r, value=r[metric]) for r in sel_a if r['encoding'] == enc]
+        vb = [dict(r, value=r[metric]) for r in sel_b if r['encoding'] == enc]
+        for (bucket, lengths_a), (_, lengths_b) in zip(_buckets(max_a), _buckets(max_b)):
+          sa, sb = _per_seed(va, lengths_a), _per_seed(vb, lengths_b)
+          if not sa and not sb:
+            continue
+          diff = f'{100 * (np.mean(sb) - np.mean(sa)):+.1f}' if sa and sb else '—'
+          note = '' if sa and sb else f'only in {a if sa else b}'
+          cells = [f'{_cell(s)} ({len(s)})' if s else '—' for s in (sa, sb)]
+          lines.append('| ' + ' | '.join([enc, bucket, *cells, diff, note]) + ' |')
+      lines.append('')
+  return '\n'.join(lines)

@@ -22,7 +22,9 @@ import optax
 from flax import nnx
 
 import attention_jax
+from attention_jax.lab import cluster
 from attention_jax.lab import identity
+from attention_jax.lab import locks
 from attention_jax.lab import results
 from attention_jax.lab import tasks
 from attention_jax.lab.evaluate import default_eval_lengths
@@ -38,10 +40,14 @@ from attention_jax.lab.timing import side_by_side
 from attention_jax.lab.train import make_optimizer
 from attention_jax.lab.train import train
 from attention_jax.lab.train import train_seeds
+from attention_jax.lab.train.interrupt import TIME_BUDGET
+from attention_jax.lab.train.interrupt import TrainingInterrupted
 from attention_jax.lab.train.interrupt import combined
 from attention_jax.lab.train.interrupt import raise_if_stopped
 from attention_jax.lab.train.interrupt import stage
 from attention_jax.lab.train.interrupt import stop_requests
+from attention_jax.lab.train.loop import out_of_time
+from attention_jax.lab.train.loop import time_budget
 from attention_jax.lab.validate import validate_config
 
 
@@ -70,16 +76,21 @@ def _optimizer(fields_json: str) -> optax.GradientTransformation:
 def run_one(config: ml_collections.ConfigDict, workdir: str,
             tx: Optional[optax.GradientTransformation] = None,
             on_trained: Optional[OnTrained] = None,
-            log: Optional[Callable[[str], None]] = None) -> list[dict]:
+            log: Optional[Callable[[str], None]] = None,
+            reevaluate: bool = False) -> list[dict]:
   """Trains one model (or resumes it; nothing to do if finished) and
-  evaluates it at every length.
+  evaluates it at every length. A finished run already evaluated with these
+  evaluation settings is read back (one log line says so) unless
+  `reevaluate`.
 
   `workdir` holding a model trained with another config is refused
   (`lab.identity`), or with `study.on_mismatch='retrain'` the run goes to a
   fresh sibling `workdir-N` (logged). `on_trained(model, config, run_dir)`,
   if given, is called with the trained model (to draw a figure from it, say)
   before evaluation. A stop request (SIGTERM, Ctrl-C) is honoured during
-  training, evaluation and the writes (`train.interrupt`).
+  training, evaluation and the writes (`train.interrupt`), and so is
+  `train.max_minutes` during training. The run directory is locked from
+  training to the last write (`lab.locks`; `study.on_locked`).
 
   Writes `metrics.jsonl` (every training step), `results.csv` (one row per
   length) and `run.json` (timings, final training metrics, and the
@@ -91,19 +102,27 @@ def run_one(config: ml_collections.ConfigDict, workdir: str,
     run_dir = identity.resolve(workdir, config)
     if run_dir != workdir and log:
       log(f'{workdir} holds a run of another config; training into {run_dir}')
-    return _train_and_evaluate([config], [run_dir], tx, on_trained, log, vmapped=False)[0]
+    deadline = time_budget(config)
+    with locks.hold(run_dir, wait=locks.waits(config), log=log or print,
+                    should_stop=raise_if_stopped):
+      return _train_and_evaluate([config], [run_dir], tx, on_trained, log, vmapped=False,
+                                 reuse=not reevaluate, deadline=deadline)[0]
 
 
-def _train_and_evaluate(configs, run_dirs, tx, on_trained, log, *, vmapped) -> list[list[dict]]:
+def _train_and_evaluate(configs, run_dirs, tx, on_trained, log, *, vmapped,
+                        reuse=False, deadline=None) -> list[list[dict]]:
   """Trains the runs (the seeds of one setup in one program when `vmapped`),
-  then evaluates and writes each; returns each run's rows."""
+  then evaluates and writes each; returns each run's rows. `reuse` (one
+  run): a run that trained no step now keeps its current evaluation."""
   tx = tx or shared_optimizer(configs[0].train)
   train_clock = Stopwatch()
   with train_clock.stage('train'):
     if vmapped:
-      trained = train_seeds(configs, run_dirs, progress=configs[0].progress, tx=tx)
+      trained = train_seeds(configs, run_dirs, progress=configs[0].progress, tx=tx,
+                            deadline=deadline)
     else:
-      trained = [train(c, d, progress=c.progress, tx=tx) for c, d in zip(configs, run_dirs)]
+      trained = [train(c, d, progress=c.progress, tx=tx, deadline=deadline)
+                 for c, d in zip(configs, run_dirs)]
   # Per run: its share of a program that trained them all at once.
   train_times = train_clock.breakdown(share=len(configs))
   for config, run_dir, (model, _) in zip(configs, run_dirs, trained):
@@ -111,6 +130,19 @@ def _train_and_evaluate(configs, run_dirs, tx, on_trained, log, *, vmapped) -> l
       on_trained(model, config, run_dir)
   raise_if_stopped(f'after training {", ".join(run_dirs)} (final checkpoints saved; the '
                    'evaluation runs next time)')
+  if reuse and not trained[0][1]:  # no step trained: finished earlier
+    try:
+      done = identity.evaluated_rows(run_dirs[0], configs[0])
+    except ValueError:  # a damaged results.csv: evaluated again
+      done = None
+    finished = f'{run_dirs[0]}: finished at step {configs[0].train.num_steps}'
+    if done is not None:
+      if log:
+        log(f'{finished}; evaluation from {os.path.join(run_dirs[0], "results.csv")} '
+            '(--reevaluate to evaluate it again)')
+      return [done]
+    if log:
+      log(f'{finished}; not evaluated with these evaluation settings yet')
   # The seeds of a vmapped group are evaluated together too (one program per
   # bucket for all of them); otherwise one run at a time.
   groups = [list(range(len(configs)))] if vmapped else [[i] for i in range(len(configs))]
@@ -271,28 +303,49 @@ def run_study(config: ml_collections.ConfigDict, workdir: str,
   run is reused; one evaluated with other evaluation settings is evaluated
   again from its final checkpoint. The workdir's outputs cover every run in
   it that matches the current config, also runs of earlier sweeps outside
-  this one's tasks/models/encodings/seeds; summary.md lists them. Returns
-  the rows written to results.csv.
+  this one's tasks/models/encodings/seeds; summary.md lists them.
+
+  On a cluster (`lab.cluster`): this process trains only its shard's runs
+  (`study.shard`, or SLURM's array variables). Each run directory is locked
+  while it is trained (`lab.locks`): a run another process holds is left to
+  it (one line names the holder) or, with `study.on_locked='wait'`, waited
+  for. The outputs are written once every run of the sweep is finished, by
+  the process that finds it so (the last shard to finish); with
+  `study.report_only` nothing is trained and the outputs are written, or
+  refused if a run is unfinished. `train.max_minutes` bounds the invocation:
+  when it runs out the runs in training checkpoint, no new one starts, and
+  `TrainingInterrupted` (exit status `TIME_BUDGET`) is raised with no
+  outputs written. Returns the rows written to results.csv, or [] when
+  this process wrote none.
   """
   validate_config(config, study=True)
   runs = run_configs(config)
   for c in runs:  # every run's config, checked before anything compiles
     validate_config(c)
+  index, count = cluster.shard_of(config)
+  report_only = config.study.get('report_only', False)
   with stop_requests():
+    deadline = time_budget(config)
     dirs = identity.resolve_all([(run_directory(workdir, c), c) for c in runs])
-    os.makedirs(workdir, exist_ok=True)
-    rows, start = [], time.perf_counter()
-    tx = shared_optimizer(config.train)  # one object: runs share compilations
     numbered = list(enumerate(zip(runs, dirs), 1))
+    fresh, start = {}, time.perf_counter()  # run number -> rows evaluated here
+    if report_only:  # refused before anything is written
+      cluster.finished(numbered, fresh, workdir, report_only)
+    os.makedirs(workdir, exist_ok=True)
+    tx = shared_optimizer(config.train)  # one object: runs share compilations
+    places = [os.path.relpath(run_directory(workdir, c), workdir) for c in runs]
+    mine = cluster.assigned(config, places, index, count)
+    if count > 1:
+      log(f'shard {index} of {count}: {len(mine)} of the {len(runs)} runs')
     jobs = []  # (setup's runs still to do), in sweep order
     for group in _setups(numbered):
       todo = []
       for i, (c, run_dir) in group:
-        done = identity.evaluated_rows(run_dir, c)
-        if done is None:
+        if i not in mine or report_only:
+          continue
+        if identity.evaluated_rows(run_dir, c) is None:
           todo.append((i, c, run_dir))
           continue
-        rows += done
         log(f'[{i}/{len(runs)}] {c.task.name} {run_label(c)} seed {c.train.seed}: '
             'finished earlier, reused')
       if todo:
@@ -302,27 +355,46 @@ def run_study(config: ml_collections.ConfigDict, workdir: str,
 
     def run_setup(todo):
       i, c, _ = todo[0]
-      raise_if_stopped(f'before {c.task.name} {run_label(c)} (runs before it are finished '
-                       'or running)')
+      what = (f'before {c.task.name} {run_label(c)} (runs before it are finished '
+              'or running)')
+      raise_if_stopped(what)
+      if out_of_time(deadline):
+        raise TrainingInterrupted(f'stopped by train.max_minutes={config.train.max_minutes:g} '
+                                  f'{what}; run the same command again to continue.', None,
+                                  TIME_BUDGET)
       first = f'[{i}/{len(runs)}]'
-      vmapped = config.study.vmap_seeds and len(todo) > 1
-      if vmapped:
-        log(f'{first} training seeds {[c.train.seed for _, c, _ in todo]} of '
-            f'{c.task.name} {run_label(c)} in one program')
-      group_rows = _train_and_evaluate(
-          [c for _, c, _ in todo], [d for _, _, d in todo], tx, callback,
-          lambda m, p=first: log(f'{p} {m}'), vmapped=vmapped)
+      try:
+        with locks.hold_all([d for _, _, d in todo], wait=locks.waits(config),
+                            log=lambda m: log(f'{first} {m}'), should_stop=raise_if_stopped):
+          # The process that held them before may have finished them.
+          todo = [t for t in todo if identity.evaluated_rows(t[2], t[1]) is None]
+          vmapped = config.study.vmap_seeds and len(todo) > 1
+          if vmapped:
+            log(f'{first} training seeds {[c.train.seed for _, c, _ in todo]} of '
+                f'{c.task.name} {run_label(c)} in one program')
+          group_rows = _train_and_evaluate(
+              [c for _, c, _ in todo], [d for _, _, d in todo], tx, callback,
+              lambda m, p=first: log(f'{p} {m}'), vmapped=vmapped, deadline=deadline
+          ) if todo else []
+      except locks.RunLocked as e:
+        log(f'{first} {c.task.name} {run_label(c)}: in training by {e.holder}; left to it')
+        return
       for (i, c, run_dir), run_rows in zip(todo, group_rows):
         _log_run(log, f'[{i}/{len(runs)}]', c, run_dir, run_rows, workdir, start)
-      return group_rows
+        fresh[i] = run_rows
 
-    for group_rows in side_by_side(run_setup, jobs, config.study.get('parallel_setups', 1),
-                                   combine=combined):
-      rows += [r for run_rows in group_rows for r in run_rows]
-    extra, coverage = _other_runs(workdir, config, dirs)
-    rows += extra
-    with stage('while writing the study outputs'):
-      write_study_outputs(rows, workdir, config, coverage)
+    side_by_side(run_setup, jobs, config.study.get('parallel_setups', 1), combine=combined)
+    # One writer at a time: the last two shards may finish together.
+    with locks.hold(workdir, wait=True, should_stop=raise_if_stopped, name='.outputs.lock'):
+      rows, left = cluster.finished(numbered, fresh, workdir, report_only)
+      if left:
+        log(f'outputs not written yet: {left}; the process that finishes the last one writes '
+            'them, or --config.study.report_only=True once they are finished.')
+        return []
+      extra, coverage = _other_runs(workdir, config, dirs)
+      rows += extra
+      with stage('while writing the study outputs'):
+        write_study_outputs(rows, workdir, config, coverage)
   return rows
 
 

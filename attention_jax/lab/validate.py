@@ -37,8 +37,14 @@ from attention_jax.lab.models import study_entry
 
 
 ON_MISMATCH = ('error', 'retrain')  # study.on_mismatch, see lab/identity.py
+ON_LOCKED = ('refuse', 'wait')  # study.on_locked, see lab/locks.py
 # make_encoding's own arguments; the rest of a `build` signature are options.
 _COMMON = {'cls', 'd_model', 'num_heads', 'max_positions', 'causal', 'rngs'}
+
+
+# Appended where an encoding name is unknown: how one of your own gets there.
+IMPORTS_HINT = ('; your own encoding: register it with attention_jax.register_encoding in a '
+                'module and name that module in --config.imports=my_module')
 
 
 class ConfigError(ValueError):
@@ -68,13 +74,27 @@ def _check_optimizer(tr) -> None:
   _number(tr.checkpoint_keep, lambda v: v >= 1, 'train.checkpoint_keep', '>= 1')
   for name in ('checkpoint_every', 'stop_after'):
     _number(tr[name], lambda v: v >= 0, f'train.{name}', '>= 0')
+  _number(tr.get('max_minutes', 0), lambda v: v >= 0, 'train.max_minutes',
+          '>= 0 (minutes of this invocation; 0 = no limit)')
+
+
+def check_shard(shard) -> None:
+  """`study.shard` is () or (INDEX, COUNT), COUNT >= 1, INDEX in 0…COUNT-1."""
+  shard = tuple(shard)
+  _require(shard == () or (
+      len(shard) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in shard)
+      and shard[1] >= 1 and 0 <= shard[0] < shard[1]),
+      f'study.shard={shard!r} must be (INDEX, COUNT) with COUNT >= 1 and INDEX in '
+      '0…COUNT-1, e.g. --config.study.shard="(0,4)", or () (SLURM_ARRAY_TASK_ID/COUNT '
+      'when set, else the whole sweep).')
 
 
 def _check_encoding_options(options) -> None:
   """Every model.encoding_options.NAME names an encoding, and every option one
   its `build` takes (else the model would fail when built, files written)."""
   for name, values in (options or {}).items():
-    _check_names((name,), ENCODINGS, 'model.encoding_options')
+    _require(name in ENCODINGS, f'model.encoding_options has {name!r}; allowed: '
+             f'{sorted(ENCODINGS)}{IMPORTS_HINT}.')
     parameters = inspect.signature(ENCODINGS[name].build).parameters
     if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
       continue
@@ -192,7 +212,8 @@ def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -
   _check_names(kinds, MODEL_KINDS, 'study.models' if study else 'model.kind')
   _check_names((m.attention_score,), SCORES, 'model.attention_score')
   if study:
-    _require(len(config.study.seeds) >= 1, 'study.seeds is empty.')
+    for name in ('tasks', 'models', 'seeds'):
+      _require(len(config.study[name]) >= 1, f'study.{name} is empty; name at least one.')
     seeds = tuple(config.study.seeds)
     _require(all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in seeds)
              and len(set(seeds)) == len(seeds),
@@ -200,6 +221,10 @@ def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -
              'seedN-K is a retrained sibling, so negative seeds are refused); '
              "three seeds are --config.study.seeds='(0,1,2)', a bare 3 is seed 3 alone.")
   _check_names((config.study.get('on_mismatch', 'error'),), ON_MISMATCH, 'study.on_mismatch')
+  _check_names((config.study.get('on_locked', 'refuse'),), ON_LOCKED, 'study.on_locked')
+  check_shard(config.study.get('shard', ()))
+  _require(isinstance(config.study.get('report_only', False), bool),
+           f"study.report_only={config.study.get('report_only')!r} must be True or False.")
   _check_positive(config.study, [k for k in ('parallel_setups',) if k in config.study], 'study')
   if 'transformer' not in kinds:
     return  # the remaining checks concern transformers only
@@ -207,6 +232,8 @@ def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -
   _require(m.d_model % m.num_heads == 0,
            f'model.num_heads={m.num_heads} must divide model.d_model={m.d_model}.')
   entries = config.study.encodings if study else (m.encoding,)
+  _require(len(entries) >= 1, 'study.encodings is empty; name at least one, e.g. '
+           "--config.study.encodings=\"('rope','alibi')\".")
   specs, parsed = [], []
   for entry in entries:
     spec, norm = study_entry(entry) if study else (entry, None)
@@ -217,7 +244,10 @@ def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -
       key = 'study.encodings' if study else 'model.encoding'
       suffix = (f" (a study entry may end in '{STICK_BREAKING_SUFFIX}': that encoding with "
                 'model.normalization=stick_breaking)' if study else '')
-      raise ConfigError(f'invalid config: {key}: {e}{suffix}') from None
+      text = str(e)
+      if spec.partition(':')[0] not in ENCODINGS:
+        text = text.rstrip('.') + IMPORTS_HINT + '.'
+      raise ConfigError(f'invalid config: {key}: {text}{suffix}') from None
   _check_encoding_options(m.get('encoding_options'))
   _check_normalization(m)  # before kernel_refusal, which asks the table about it
   for spec, norm in specs:

@@ -20,13 +20,23 @@ class TrainingInterrupted(Exception):
   """A stop request honoured: raised after what was done so far is saved.
 
   `args[0]` is the message, `args[1]` the signal number, or None for
-  `train.stop_after`.
+  `train.stop_after` and `train.max_minutes`; `args[2]`, when given, the exit
+  status (`TIME_BUDGET` for `train.max_minutes`).
   """
 
   @property
   def exit_code(self) -> int:
-    """128 + signal, the shell's convention (0 for a planned stop)."""
+    """128 + signal, the shell's convention (0 for `train.stop_after`,
+    `TIME_BUDGET` for `train.max_minutes`)."""
+    if len(self.args) > 2:
+      return self.args[2]
     return 128 + self.args[1] if self.args[1] else 0
+
+
+# Exit status of a job stopped by its time budget (`train.max_minutes`), its
+# work checkpointed: sysexits' EX_TEMPFAIL, "try again". The same command
+# continues, so a cluster job requeues itself on it.
+TIME_BUDGET = 75
 
 
 _RESUME = 'run the same command again to resume.'
@@ -114,4 +124,4 @@ def combined(errors: list) -> Exception:
   tail = f'; {_RESUME}'
   parts = [e.args[0].removesuffix(tail) for e in errors]
   resume = tail if any(e.args[0].endswith(tail) for e in errors) else ''
-  return TrainingInterrupted('; and '.join(parts) + resume, errors[0].args[1])
+  return TrainingInterrupted('; and '.join(parts) + resume, *errors[0].args[1:])

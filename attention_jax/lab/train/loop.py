@@ -7,6 +7,7 @@ device is the same code with a mesh of one); for stacked seeds, the seed
 axis is laid along the mesh instead when there are enough seeds.
 """
 
+import contextlib
 import os
 import time
 from typing import Optional
@@ -22,8 +23,10 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from attention_jax.lab import identity
+from attention_jax.lab import locks
 from attention_jax.lab import models
 from attention_jax.lab.train.checkpoint import Checkpointer
+from attention_jax.lab.train.interrupt import TIME_BUDGET
 from attention_jax.lab.train.interrupt import TrainingInterrupted
 from attention_jax.lab.train.interrupt import raise_if_stopped
 from attention_jax.lab.train.interrupt import stop_requests
@@ -44,9 +47,44 @@ def data_mesh() -> jax.sharding.Mesh:
   return jax.make_mesh((jax.device_count(),), ('data',), **kwargs)
 
 
+# The clock of the time budget (`train.max_minutes`); tests move it.
+_now = time.monotonic
+
+
+def time_budget(config: ml_collections.ConfigDict, started: Optional[float] = None
+                ) -> Optional[float]:
+  """When this invocation's `train.max_minutes` (counted from `started`,
+  default now, on `_now`'s clock) runs out; None without a budget."""
+  minutes = config.train.get('max_minutes', 0)
+  if not minutes:
+    return None
+  return (_now() if started is None else started) + 60 * minutes
+
+
+def out_of_time(deadline: Optional[float]) -> bool:
+  return deadline is not None and _now() >= deadline
+
+
+@contextlib.contextmanager
+def claimed(configs: list[ml_collections.ConfigDict], workdirs: list[Optional[str]]):
+  """Holds every run directory's lock (`lab.locks`; `study.on_locked`
+  says whether to refuse or wait) and records each config in it
+  (`identity.claim`); a mismatch is refused before anything is written."""
+  pairs = [(c, w) for c, w in zip(configs, workdirs) if w]
+  for c, w in pairs:
+    problem = identity.mismatch(w, c)
+    if problem:
+      raise identity.RunMismatch(problem)
+  with locks.hold_all([w for _, w in pairs], wait=locks.waits(configs[0]),
+                      log=lambda m: print(m, flush=True), should_stop=raise_if_stopped):
+    for c, w in pairs:
+      identity.claim(w, c)  # again under the lock: the holder before us may have finished
+    yield
+
+
 def train(config: ml_collections.ConfigDict, workdir: Optional[str] = None,
           *, progress: bool = True, tx: Optional[optax.GradientTransformation] = None,
-          ) -> tuple[nnx.Module, dict[str, float]]:
+          deadline: Optional[float] = None) -> tuple[nnx.Module, dict[str, float]]:
   """Trains one model, resuming from `workdir`'s latest checkpoint if any;
   returns the model and the last logged step's metrics.
 
@@ -58,7 +96,14 @@ def train(config: ml_collections.ConfigDict, workdir: Optional[str] = None,
   reaching `config.train.stop_after` steps, for time-boxed jobs) saves a
   checkpoint and raises `TrainingInterrupted`; a signal after the last step
   is left to the enclosing `stop_requests` scope (the caller's next check).
-  Host-device syncs happen every `config.train.log_every` steps only.
+  So does the time budget: `deadline` (a `_now()` time; default: now +
+  `config.train.max_minutes`, none if 0), checked after every compiled call,
+  raises with exit status `TIME_BUDGET`. Host-device syncs happen every
+  `config.train.log_every` steps only.
+
+  `workdir` is locked for the whole training (`lab.locks`): a second process
+  on it is refused with one line naming the holder, or waits
+  (`study.on_locked='wait'`).
 
   `tx` defaults to `make_optimizer(config.train)`. The compiled step is
   memoised on the static structure, which includes the optimizer object, so
@@ -67,13 +112,14 @@ def train(config: ml_collections.ConfigDict, workdir: Optional[str] = None,
   """
   with stop_requests():
     raise_if_stopped(f'before training {workdir or "a model"}')
-    if workdir:
-      identity.claim(workdir, config)  # before anything is built: a mismatch is one message
-    return _train([config], [workdir], progress=progress, tx=tx)[0]
+    deadline = time_budget(config) if deadline is None else deadline
+    with claimed([config], [workdir]):  # before anything is built: a mismatch is one message
+      return _train([config], [workdir], progress=progress, tx=tx, deadline=deadline)[0]
 
 
 def train_seeds(configs: list[ml_collections.ConfigDict], workdirs: list[Optional[str]],
                 *, progress: bool = True, tx: Optional[optax.GradientTransformation] = None,
+                deadline: Optional[float] = None,
                 ) -> list[tuple[nnx.Module, dict[str, float]]]:
   """Trains the seeds of one setup (`configs` equal but for `train.seed`) in
   ONE compiled program: their (model, optimizer) states stacked on a leading
@@ -90,17 +136,19 @@ def train_seeds(configs: list[ml_collections.ConfigDict], workdirs: list[Optiona
   Devices: with at least as many seeds as devices (and a multiple of them),
   the seed axis is the mesh axis (seeds spread over devices, each seed's
   batch on one); else the state is replicated and each batch split over the
-  devices, as `train` does.
+  devices, as `train` does. Locks and the time budget (`deadline`) as in
+  `train`, for every seed's directory.
   """
   with stop_requests():
     raise_if_stopped(f'before training {workdirs[0] or "a model"}')
-    for config, workdir in zip(configs, workdirs):
-      if workdir:
-        identity.claim(workdir, config)
-    starts = {_latest_step(w) for w in workdirs}
-    if len(configs) == 1 or len(starts) > 1:
-      return [train(c, w, progress=progress, tx=tx) for c, w in zip(configs, workdirs)]
-    return _train(configs, workdirs, progress=progress, tx=tx, vmapped=True)
+    deadline = time_budget(configs[0]) if deadline is None else deadline
+    with claimed(configs, workdirs):
+      starts = {_latest_step(w) for w in workdirs}
+      if len(configs) == 1 or len(starts) > 1:
+        return [train(c, w, progress=progress, tx=tx, deadline=deadline)
+                for c, w in zip(configs, workdirs)]
+      return _train(configs, workdirs, progress=progress, tx=tx, vmapped=True,
+                    deadline=deadline)
 
 
 def _latest_step(workdir: Optional[str]) -> int:
@@ -112,7 +160,19 @@ def _latest_step(workdir: Optional[str]) -> int:
   return max((int(n) for n in os.listdir(directory) if n.isdigit()), default=0)
 
 
-def _train(configs, workdirs, *, progress, tx, vmapped=False):
+def run_name(configs: list[ml_collections.ConfigDict]) -> str:
+  """What the progress bar and the resume line call a run, from its own
+  config (not its folder): 'TASK/LABEL seedN', or 'seeds 0,1,2' for the
+  stacked seeds of one setup; LABEL as in results.csv's encoding column."""
+  c = configs[0]
+  label = c.model.encoding if c.model.kind == 'transformer' else c.model.kind
+  if c.model.kind == 'transformer' and c.model.get('normalization') == 'stick_breaking':
+    label += models.STICK_BREAKING_SUFFIX
+  seeds = ','.join(str(x.train.seed) for x in configs)
+  return f"{c.task.name}/{label} seed{'s ' if len(configs) > 1 else ''}{seeds}"
+
+
+def _train(configs, workdirs, *, progress, tx, vmapped=False, deadline=None):
   """The loop over one run (`vmapped=False`, one config) or a stacked group
   of seeds; see `train` and `train_seeds`."""
   config, t_cfg = configs[0], configs[0].train
@@ -157,10 +217,13 @@ def _train(configs, workdirs, *, progress, tx, vmapped=False):
   writers = [MetricsWriter(w, start_step=start, tensorboard=t_cfg.tensorboard,
                            config_json=c.to_json_best_effort(indent=1, sort_keys=True))
              for c, w in zip(configs, workdirs)]
-  # Named by the run ('copy/rope'): a study may show two setups' bars at once.
-  desc = '/'.join((workdirs[0] or '').rstrip(os.sep).split(os.sep)[-3:-1]) or None
+  # Named by the run ('copy/rope seed0'): a study may show two setups' bars at once.
+  desc = run_name(configs)
+  show = jax.process_index() == 0
+  if 0 < start < t_cfg.num_steps and show and not progress:  # the bar shows it otherwise
+    print(f'{desc}: resuming from step {start} of {t_cfg.num_steps}', flush=True)
   bar = tqdm.tqdm(total=t_cfg.num_steps, initial=start, unit='step', dynamic_ncols=True,
-                  leave=False, desc=desc, disable=not progress or jax.process_index() != 0)
+                  leave=False, desc=desc, disable=not progress or not show)
   pending, last, clock = [], [{}] * num_seeds, (time.perf_counter(), start)
 
   def save(done, force=False):
@@ -180,7 +243,8 @@ def _train(configs, workdirs, *, progress, tx, vmapped=False):
           state, metrics = jitted(state, np.int32(step), seed)  # [k] or [k, S] per key
         pending.append(metrics)
         done = step + k
-        stopping = stop.signal or done == t_cfg.stop_after
+        timed_out = out_of_time(deadline)
+        stopping = stop.signal or done == t_cfg.stop_after or timed_out
         if len(pending) * k >= t_cfg.log_every or done == t_cfg.num_steps or stopping:
           rate = (done - clock[1]) / (time.perf_counter() - clock[0])
           fetched = jax.device_get(pending)
@@ -200,13 +264,16 @@ def _train(configs, workdirs, *, progress, tx, vmapped=False):
         if stopping:
           save(done, force=True)
           checkpointers = [None] * num_seeds
-          cause = f'signal {stop.signal}' if stop.signal else 'train.stop_after'
+          cause = (f'signal {stop.signal}' if stop.signal else
+                   f'train.max_minutes={t_cfg.max_minutes:g} (this invocation\'s time budget)'
+                   if timed_out else 'train.stop_after')
           where = ', '.join(w for w in workdirs if w)
           saved = (f'checkpoint saved in {where}; run the same command again to '
                    'resume.' if where else 'no workdir: nothing saved.')
+          status = (TIME_BUDGET,) if timed_out and not stop.signal else ()
           raise TrainingInterrupted(
               f'stopped by {cause} after step {done} of {t_cfg.num_steps}; {saved}',
-              stop.signal)
+              stop.signal, *status)
     save(t_cfg.num_steps, force=True)  # finished: the final state, saved once
     checkpointers = [None] * num_seeds
   finally:

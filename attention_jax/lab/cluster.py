@@ -1,0 +1,108 @@
+"""A sweep split over the jobs of a cluster array: which runs are whose.
+
+`study.shard = (INDEX, COUNT)` makes a process train the runs of shard
+INDEX of COUNT (`shard_runs`): every shard computes the same assignment from
+the whole sweep, so the shards of one array never train the same run. With
+`study.shard = ()` the shard comes from SLURM's array variables when they
+are set (`from_slurm`), else it is (0, 1), the whole sweep. The study's
+outputs wait for every run (`finished`), whichever shard trained it.
+"""
+
+import os
+from typing import Mapping, Optional, Sequence
+
+import ml_collections
+
+from attention_jax.lab import identity
+
+from attention_jax.lab.validate import ConfigError
+from attention_jax.lab.validate import check_shard
+
+_SLURM = ('SLURM_ARRAY_TASK_ID', 'SLURM_ARRAY_TASK_COUNT', 'SLURM_ARRAY_TASK_MIN',
+          'SLURM_ARRAY_TASK_STEP')
+
+
+def from_slurm(environ: Mapping[str, str]) -> Optional[tuple[int, int]]:
+  """(index, count) of this task of a SLURM job array, or None outside one.
+
+  Task ids need not start at 0 (`--array=1-8`) nor be consecutive
+  (`--array=0-15:4`): the index is (ID - MIN) / STEP. Ids listed by hand
+  (`--array=1,5,9`) cannot be mapped to 0 … COUNT-1 and are a `ConfigError`
+  naming them, as is anything that is not a number."""
+  if 'SLURM_ARRAY_TASK_ID' not in environ or 'SLURM_ARRAY_TASK_COUNT' not in environ:
+    return None
+  shown = ', '.join(f'{k}={environ[k]}' for k in _SLURM if k in environ)
+  try:
+    task, count = int(environ['SLURM_ARRAY_TASK_ID']), int(environ['SLURM_ARRAY_TASK_COUNT'])
+    low = int(environ.get('SLURM_ARRAY_TASK_MIN', 0))
+    step = int(environ.get('SLURM_ARRAY_TASK_STEP', 1)) or 1
+  except ValueError:
+    raise ConfigError(f'invalid SLURM array variables ({shown}): expected integers.') from None
+  index, off = divmod(task - low, step)
+  if off or not 0 <= index < count:
+    raise ConfigError(f'study.shard from SLURM ({shown}) is not an index in 0…{count - 1}: use '
+                      'a range like --array=0-N, or pass --config.study.shard="(INDEX,COUNT)".')
+  return index, count
+
+
+def shard_of(config: ml_collections.ConfigDict,
+             environ: Mapping[str, str] = os.environ) -> tuple[int, int]:
+  """This process's (index, count): `study.shard`, else SLURM's array
+  variables, else (0, 1)."""
+  shard = tuple(config.study.get('shard', ()))
+  check_shard(shard)
+  return shard or from_slurm(environ) or (0, 1)
+
+
+def stacks_seeds(config: ml_collections.ConfigDict) -> bool:
+  """Whether the study trains a setup's seeds in one program: such a group
+  is never split between shards."""
+  return bool(config.study.vmap_seeds) and len(config.study.seeds) > 1
+
+
+def shard_runs(names: Sequence[str], index: int, count: int, *,
+               setups: Optional[Sequence[str]] = None) -> list[int]:
+  """Positions in `names` (one unique name per run, e.g. 'copy/rope/seed0')
+  of the runs shard `index` of `count` trains.
+
+  The units dealt out are the runs, or with `setups` (one name per run: its
+  setup, e.g. 'copy/rope') the setups, each with all its runs. Units sorted
+  by name go round-robin: unit i to shard i % count. It depends on the
+  names alone, so it is the same in every shard, whatever is finished.
+  """
+  keys = list(setups) if setups is not None else list(names)
+  units = sorted(set(keys))
+  mine = {u for i, u in enumerate(units) if i % count == index}
+  return [i for i, key in enumerate(keys) if key in mine]
+
+
+def assigned(config: ml_collections.ConfigDict, names: Sequence[str], index: int,
+             count: int) -> set[int]:
+  """Run numbers (1-based, sweep order) of shard `index` of `count`;
+  `names`: each run's place 'TASK/LABEL/seedN'."""
+  setups = [os.path.dirname(n) for n in names] if stacks_seeds(config) else None
+  return {i + 1 for i in shard_runs(names, index, count, setups=setups)}
+
+
+def finished(numbered: list, fresh: dict, workdir: str, report_only: bool):
+  """Whether the whole sweep is done, read from its run directories.
+
+  `numbered`: (run number, (config, run_dir)) of every run of the sweep;
+  `fresh`: rows evaluated in this process, by run number. Returns (rows of
+  every run in sweep order, None) when every run is evaluated with its
+  config, else (None, what is missing), or with `report_only` a
+  `ConfigError` saying it.
+  """
+  rows, missing = [], []
+  for i, (c, run_dir) in numbered:
+    found = fresh[i] if i in fresh else identity.evaluated_rows(run_dir, c)
+    rows += found or []
+    missing += [] if found else [os.path.relpath(run_dir, workdir)]
+  if not missing:
+    return rows, None
+  verb = 'is' if len(missing) == 1 else 'are'
+  left = f'{len(missing)} of the {len(numbered)} runs {verb} not finished (first: {missing[0]})'
+  if report_only:
+    raise ConfigError(f'study.report_only: {left}; train them first (the same command '
+                      'without study.report_only, or its shards).')
+  return None, left

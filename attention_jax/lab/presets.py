@@ -1,0 +1,115 @@
+"""Config presets by name or by path: the entry points' `--config` flag.
+
+The presets (the clone's configs/*.py) ship inside the package as
+`attention_jax.configs`, so an installed package finds them from any folder:
+`--config=copy:size=tiny`, `--config=copy.py:size=tiny` and, where no such
+file exists, `--config=configs/copy.py` all name the packaged
+`configs/copy.py`; a path to an existing file is that file, as
+ml_collections reads it. With no `--config`, the default preset is the
+packaged one, never a path relative to the current folder.
+"""
+
+import os
+import sys
+
+from absl import flags
+from ml_collections import config_flags
+
+from attention_jax.lab.runtime import CONFIG_ARGV
+from attention_jax.lab.runtime import USAGE_ERROR
+from attention_jax.lab.validate import ConfigError
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # attention_jax/
+
+
+def presets_dir() -> str:
+  """The folder of the packaged presets: `attention_jax/configs` in an
+  installed package; in a source tree (the clone, an editable install), its
+  `configs/` beside `attention_jax/`. Never the current folder."""
+  installed = os.path.join(_PACKAGE, 'configs')
+  if os.path.isdir(installed):
+    return installed
+  tree = os.path.dirname(_PACKAGE)
+  # Only in a source tree: a bare site-packages may hold someone else's `configs`.
+  if os.path.isfile(os.path.join(tree, 'pyproject.toml')):
+    return os.path.join(tree, 'configs')
+  raise FileNotFoundError(f'{installed}: the packaged presets are missing; '
+                          'reinstall attention_jax.')
+
+
+def available() -> list[str]:
+  """The packaged presets' names (files of presets_dir(), without `.py`)."""
+  return sorted(n[:-3] for n in os.listdir(presets_dir())
+                if n.endswith('.py') and not n.startswith('_'))
+
+
+def resolve(spec: str) -> str:
+  """`PATH[:ARG]` or `NAME[:ARG]` -> `FILE[:ARG]`, the form ml_collections reads.
+
+  Args:
+    spec: the `--config` value: a get_config file (used as given when it
+      exists), or a preset: `NAME`, `NAME.py` or `configs/NAME.py`, where NAME
+      is one of `available()`; then `:ARG` for the preset's get_config(ARG).
+
+  Returns:
+    `spec` with its path replaced by the packaged preset's file, or unchanged.
+
+  Raises:
+    ConfigError: the path is neither a file nor a packaged preset.
+  """
+  path, colon, arg = spec.partition(':')
+  if os.path.isfile(path):
+    return spec
+  folder, name = os.path.split(path)
+  name = name[:-3] if name.endswith('.py') else name
+  names = available()
+  if folder in ('', 'configs') and name in names:
+    return os.path.join(presets_dir(), f'{name}.py') + colon + arg
+  raise ConfigError(f'--config={path!r} is neither a file nor a packaged preset; '
+                    f'presets: {", ".join(names)} (e.g. --config={names[0]}:size=tiny), '
+                    'or the path to a get_config file.')
+
+
+class _PresetParser(flags.ArgumentParser):
+  """ml_collections' config-file parser, on the resolved preset."""
+
+  def __init__(self, parser: flags.ArgumentParser):
+    self._parser = parser
+
+  def parse(self, argument):
+    try:
+      argument = resolve(argument)
+    except ConfigError as e:
+      # Raised, absl would print it as a two-line "FATAL Flags parsing error"
+      # and exit 1; a bad command line here is one line and exit 2.
+      print(f'error: {e}', file=sys.stderr)
+      sys.exit(USAGE_ERROR)
+    return self._parser.parse(argument)
+
+  def flag_type(self):
+    return self._parser.flag_type()
+
+
+def DEFINE_config_file(name: str, default: str, help_string: str,  # pylint: disable=invalid-name
+                       flag_values: flags.FlagValues = flags.FLAGS) -> flags.FlagHolder:
+  """ml_collections' DEFINE_config_file, taking preset names as well as paths.
+
+  Args:
+    name: the flag's name (`config`).
+    default: the preset (or file) used without the flag, e.g. `'copy'`;
+      resolved now, so that it never depends on the current folder.
+    help_string: the flag's help.
+    flag_values: where the flag is defined (absl's global FLAGS by default).
+
+  Returns:
+    The flag's holder; `.value` is the ConfigDict.
+  """
+  holder = config_flags.DEFINE_config_file(
+      name, resolve(default), f'{help_string} A packaged preset ({", ".join(available())}; '
+      f'e.g. --{name}=copy:size=tiny) or the path to a get_config file.',
+      # Overrides are read from runtime.parse_flags' checked command line,
+      # never at import time: app.run(main, flags_parser=parse_flags).
+      flag_values=flag_values, sys_argv=CONFIG_ARGV)
+  flag = flag_values[name]
+  flag.parser = _PresetParser(flag.parser)
+  return holder
