@@ -29,6 +29,7 @@ from attention_jax.lab.train.interrupt import TIME_BUDGET
 from attention_jax.lab.train.interrupt import TrainingInterrupted
 from attention_jax.lab.validate import ConfigError
 from attention_jax.lab.validate import validate_config
+from tests import tiers
 from configs import copy as copy_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -227,6 +228,7 @@ class TimeBudgetTest(absltest.TestCase):
     self.assertFalse(os.path.exists(os.path.join(workdir, 'results.csv')))
 
 
+@tiers.slow
 class ProcessTest(absltest.TestCase):
   """Several processes at once on one workdir."""
 

@@ -15,6 +15,7 @@ from flax import nnx
 from attention_jax.lab import train
 from attention_jax.lab.study import run_study
 from attention_jax.lab.train.interrupt import TrainingInterrupted
+from tests import tiers
 from configs import copy as copy_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -44,6 +45,7 @@ def _losses(workdir):
 
 class VmappedSeedsTest(absltest.TestCase):
 
+  @tiers.slow
   def test_vmapped_seeds_equal_sequential_runs_and_resume_bitwise(self):
     """100 steps: every leaf of every seed within relative 1e-5 of its
     sequential run, and the same per-step losses; a vmapped run stopped at
@@ -69,6 +71,7 @@ class VmappedSeedsTest(absltest.TestCase):
       chex.assert_trees_all_equal(_params(a), _params(b))
       self.assertEqual(_losses(da), _losses(db))
 
+  @tiers.slow
   def test_study_switches_give_the_same_rows(self):
     """`study.vmap_seeds` on and off: the same results.csv accuracies;
     `study.parallel_setups` 2 and 1: the same rows, bit for bit."""
@@ -88,6 +91,7 @@ class VmappedSeedsTest(absltest.TestCase):
                        (b['encoding'], b['seed'], b['length']))
       self.assertAlmostEqual(a['token_accuracy'], b['token_accuracy'], places=6)
 
+  @tiers.slow
   def test_seed_axis_on_four_devices(self):
     """4 seeds on 4 (fake CPU) devices: the seed axis is the mesh axis and
     every seed equals its single-device run."""

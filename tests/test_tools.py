@@ -25,6 +25,7 @@ from attention_jax.lab.study import run_study
 from attention_jax.lab.train.interrupt import TrainingInterrupted
 from attention_jax.lab.train.loop import run_name
 from attention_jax.lab.validate import ConfigError
+from tests import tiers
 from configs import copy as copy_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -45,6 +46,8 @@ def _run_config():
 
 def setUpModule():
   global _TMP, STUDY, RUN, _RESUMED
+  if not tiers.RUN_SLOW:
+    return  # every test here is in the slow tier
   _TMP = tempfile.mkdtemp()
   STUDY, RUN = os.path.join(_TMP, 'study'), os.path.join(_TMP, 'one')
   study = _tiny('alibi')
@@ -61,7 +64,8 @@ def setUpModule():
 
 
 def tearDownModule():
-  shutil.rmtree(_TMP, ignore_errors=True)
+  if _TMP:
+    shutil.rmtree(_TMP, ignore_errors=True)
 
 
 def _process(*args):
@@ -73,6 +77,7 @@ def _mtimes(folder):
   return {n: os.path.getmtime(os.path.join(folder, n)) for n in os.listdir(folder)}
 
 
+@tiers.slow
 class ReadWorkdirTest(absltest.TestCase):
 
   def test_both_kinds_are_read(self):
@@ -103,6 +108,7 @@ class ReadWorkdirTest(absltest.TestCase):
     self.assertEqual([n for n, _ in same['lines']], [8, 16, 32])
 
 
+@tiers.slow
 class CompareTest(absltest.TestCase):
 
   def test_cells_differences_and_cells_in_one_study_only(self):
@@ -121,6 +127,7 @@ class CompareTest(absltest.TestCase):
     self.assertTrue(all(line.endswith('| — | only in b |') for line in only), only)
 
 
+@tiers.slow
 class PlotProcessTest(absltest.TestCase):
 
   def test_a_run_and_a_study_in_either_order(self):
@@ -145,6 +152,7 @@ class PlotProcessTest(absltest.TestCase):
     self.assertFalse(os.path.exists(out_dir))
 
 
+@tiers.slow
 class AttentionMapsTest(absltest.TestCase):
 
   def test_study_config_is_read_from_the_workdir(self):
@@ -163,6 +171,7 @@ class AttentionMapsTest(absltest.TestCase):
     self.assertTrue(os.path.exists(os.path.join(draw_in, 'attention_maps_rope.png')))
 
 
+@tiers.slow
 class RerunTest(absltest.TestCase):
 
   def test_resuming_is_said_with_the_progress_bar_off(self):
