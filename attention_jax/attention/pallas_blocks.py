@@ -157,3 +157,24 @@ def iota(shape, dimension: int, start):
   """int32 indices `start + 0 … n-1` along `dimension` of a 2-D tile (TPU
   kernels need 2-D iotas)."""
   return start + jax.lax.broadcasted_iota(jnp.int32, shape, dimension)
+
+
+def kernel_run(attention, name: str):
+  """The `dispatch.KERNELS` run function of a Pallas kernel `attention(q, k,
+  v, *, causal, kv_lengths, window, alibi_slopes, difference, windows)`:
+  structure, linear, difference and window biases, all built in the kernel;
+  softmax; no dense mask or bias, no weights (the dispatcher sends nothing
+  else). -> (out `[B, T_q, H, D_v]`, None)."""
+
+  def run(q, k, v, *, mask, bias, slopes, causal, window, kv_lengths, return_weights,
+          difference=None, windows=None, normalization=None, **unused_options):
+    del unused_options  # other kernels' options (chunk sizes)
+    if mask is not None or bias is not None or return_weights or normalization is not None:
+      raise ValueError(f'{name} takes no dense mask or bias, forms no weights and runs '
+                       'softmax attention only.')
+    out = attention(q, k, v, causal=causal, kv_lengths=kv_lengths, window=window,
+                    alibi_slopes=slopes, difference=difference, windows=windows)
+    return out, None
+
+  run.__name__, run.__module__ = name, attention.__module__
+  return run

@@ -350,16 +350,5 @@ def pallas_gpu_attention(
   return out[:, :t_q, :, :v.shape[3]]
 
 
-def pallas_gpu_kernel(q, k, v, *, mask, bias, slopes, causal, window, kv_lengths,
-                      return_weights, difference=None, windows=None, normalization=None,
-                      **unused_options):
-  """The 'pallas_gpu' row of `dispatch.KERNELS`: structure, linear, difference
-  and window biases, all built in the kernel; softmax; no dense mask or bias,
-  no weights (the dispatcher sends nothing else). -> (out `[B, T_q, H, D_v]`, None)."""
-  del unused_options  # other kernels' options (chunk sizes)
-  if mask is not None or bias is not None or return_weights or normalization is not None:
-    raise ValueError('pallas_gpu_kernel takes no dense mask or bias, forms no weights and '
-                     'runs softmax attention only.')
-  out = pallas_gpu_attention(q, k, v, causal=causal, kv_lengths=kv_lengths, window=window,
-                             alibi_slopes=slopes, difference=difference, windows=windows)
-  return out, None
+# The 'pallas_gpu' row of `dispatch.KERNELS`.
+pallas_gpu_kernel = pb.kernel_run(pallas_gpu_attention, 'pallas_gpu_kernel')

@@ -331,17 +331,5 @@ def pallas_tpu_attention(
   return jnp.swapaxes(out[:, :, :t_q], 1, 2)
 
 
-def pallas_tpu_kernel(q, k, v, *, mask, bias, slopes, causal, window, kv_lengths,
-                      return_weights, difference=None, windows=None, normalization=None,
-                      **unused_options):
-  """The 'pallas_tpu' row of `dispatch.KERNELS`: structure, linear, difference
-  and window biases, all built in the kernel; softmax; no dense mask or bias,
-  no weights (the dispatcher sends nothing else). On CPU it runs only inside
-  `pltpu.force_tpu_interpret_mode()`. -> (out `[B, T_q, H, D_v]`, None)."""
-  del unused_options  # other kernels' options (chunk sizes)
-  if mask is not None or bias is not None or return_weights or normalization is not None:
-    raise ValueError('pallas_tpu_kernel takes no dense mask or bias, forms no weights and '
-                     'runs softmax attention only.')
-  out = pallas_tpu_attention(q, k, v, causal=causal, kv_lengths=kv_lengths, window=window,
-                             alibi_slopes=slopes, difference=difference, windows=windows)
-  return out, None
+# The 'pallas_tpu' row of `dispatch.KERNELS`.
+pallas_tpu_kernel = pb.kernel_run(pallas_tpu_attention, 'pallas_tpu_kernel')
