@@ -85,45 +85,74 @@ def check_windows(num_heads: int, num_windowed_heads: Optional[int],
 
 
 def hard_alibi_bias(widths: Sequence[int], num_heads: int, q_positions, k_positions,
-                    causal: bool = True) -> jnp.ndarray:
+                    causal: bool = True, offsets: Sequence[int] = ()) -> jnp.ndarray:
   """float32 `[num_heads, T_q, T_k]` (or `[B, num_heads, T_q, T_k]`): 0 inside
-  each windowed head's window and for the free heads, MASK_VALUE elsewhere."""
+  each windowed head's window (`offsets[h] <= i - j < offsets[h] + widths[h]`,
+  offsets default 0) and for the free heads, MASK_VALUE elsewhere."""
   m = len(widths)
   w = np.zeros((num_heads, 1, 1), np.int32)
   w[:m, 0, 0] = widths
+  o = np.zeros((num_heads, 1, 1), np.int32)
+  o[:len(offsets), 0, 0] = offsets
   windowed = (np.arange(num_heads) < m)[:, None, None]
   d = relative_distance(q_positions, k_positions)[..., None, :, :]  # a head axis of 1
-  inside = (d >= 0) & (d < w) if causal else jnp.abs(d) < w
+  inside = (d >= o) & (d < o + w) if causal else jnp.abs(d) < w
   return jnp.where(inside | ~windowed, 0.0, MASK_VALUE).astype(jnp.float32)
+
+
+def check_offsets(offsets: Sequence[int], widths: Sequence[int], causal: bool) -> tuple[int, ...]:
+  """One offset >= 0 per windowed head (all 0 when `offsets` is empty); a
+  ValueError naming the bad value otherwise. Bidirectional windows are
+  symmetric and take no offsets."""
+  offsets = tuple(offsets or ())
+  if not offsets:
+    return (0,) * len(widths)
+  if len(offsets) != len(widths):
+    raise ValueError(f'hard_alibi: offsets={offsets!r} has {len(offsets)} entries but there '
+                     f'are {len(widths)} windowed heads (widths={tuple(widths)!r}); give one '
+                     'offset per windowed head.')
+  for o in offsets:
+    if isinstance(o, bool) or not isinstance(o, (int, np.integer)) or o < 0:
+      raise ValueError(f'hard_alibi: offsets={offsets!r} must be integers >= 0; got {o!r}.')
+  if not causal and any(offsets):
+    raise ValueError(f'hard_alibi: offsets={offsets!r} need causal attention (bidirectional '
+                     'windows are |i - j| < w).')
+  return tuple(int(o) for o in offsets)
 
 
 class HardALiBi(PositionalEncoding):
   """'hard_alibi': M windowed heads (widths w_h) and NoPE heads, no embedding."""
 
-  def __init__(self, num_heads: int, widths: Sequence[int], causal: bool = True):
+  def __init__(self, num_heads: int, widths: Sequence[int], causal: bool = True,
+               offsets: Sequence[int] = ()):
     self.num_heads = num_heads
     self.widths = tuple(int(w) for w in widths)  # static: constants of the graph
     self.causal = causal
+    self.offsets = check_offsets(offsets, self.widths, causal)
 
   @classmethod
   def build(cls, *, d_model, num_heads, max_positions, causal, rngs,
-            num_windowed_heads: Optional[int] = None, widths: Sequence[int] = ()):
+            num_windowed_heads: Optional[int] = None, widths: Sequence[int] = (),
+            offsets: Sequence[int] = ()):
     """Options: `num_windowed_heads` M (default len(widths), or num_heads // 2
-    without widths), `widths` one per windowed head (default 1 … M)."""
+    without widths), `widths` one per windowed head (default 1 … M), and
+    `offsets` one per windowed head (default 0; causal only): head h sees
+    `offsets[h] <= i - j < offsets[h] + widths[h]`."""
     del d_model, max_positions, rngs
     return cls(num_heads, check_windows(num_heads, num_windowed_heads, widths, 'hard_alibi'),
-               causal)
+               causal, offsets)
 
   def attention_bias(self, q_positions, k_positions):
     return hard_alibi_bias(self.widths, self.num_heads, q_positions, k_positions,
-                           self.causal)
+                           self.causal, self.offsets)
 
   def score_bias(self, q_positions, k_positions) -> WindowBias:
     """`attention_bias` as a `WindowBias` (O(T) integers, so that a kernel
     can build the windows itself): 0 <= p_i - p_j < w_h causally, |p_i - p_j|
     < w_h otherwise, no bounds for the free heads."""
     free = (None,) * (self.num_heads - len(self.widths))
-    highs = tuple(w - 1 for w in self.widths) + free
-    lows = tuple(0 if self.causal else -h for h in highs[:len(self.widths)]) + free
+    highs = tuple(o + w - 1 for o, w in zip(self.offsets, self.widths)) + free
+    lows = tuple(o if self.causal else -h
+                 for o, h in zip(self.offsets, highs[:len(self.widths)])) + free
     return WindowBias(lows, highs, q_positions, k_positions,
                       origin='the windows of hard_alibi')
