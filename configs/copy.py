@@ -56,7 +56,8 @@ import ml_collections
 # attention, a data-dependent ALiBi), and coupled ids with RoPE, unwindowed
 # and windowed (ours: the one that generalizes).
 ENCODINGS = ('none', 'sinusoidal', 'learned', 'rope', 'alibi', 'hard_alibi',
-             'learned_window', 'fire', 'fox', 'rope:coupled', 'windowed_rope:coupled')
+             'learned_window', 'fire', 'fox', 'rope:coupled', 'windowed_rope:coupled',
+             'ngram_lookup')
 # Every encoding of the project (`:size=all`): the above, the research
 # relative biases and randomized positions.
 # The 2024-25 methods (`:size=frontier`): FIRE, CoPE, xPos, p-RoPE, forgetting
@@ -64,6 +65,19 @@ ENCODINGS = ('none', 'sinusoidal', 'learned', 'rope', 'alibi', 'hard_alibi',
 # trains it); 'SPEC+stick_breaking' is SPEC with model.normalization=stick_breaking.
 STICK_BREAKING = '+stick_breaking'  # the suffix (attention_jax.lab.models.STICK_BREAKING_SUFFIX)
 FRONTIER = ('fire', 'cope', 'xpos', 'p_rope', 'fox', 'dape', 'none+stick_breaking')
+# Named variants of the default model (study.variants): a study entry (or
+# `:encoding=NAME`) naming one trains the default model with these fields
+# replaced, labelled NAME. ngram_lookup (ours) copies by content alone: in every
+# layer four heads each read exactly one earlier token (1, 2, 3, 4 back: a hard
+# window of width 1 at that offset, Hard-ALiBi's windows shifted), so every
+# position holds its last five tokens in order, and four NoPE heads look that
+# 5-gram up anywhere; scalable softmax keeps the lookup sharp at lengths past
+# training. No coupling, no position ids: nothing tells it where to look.
+VARIANTS = {
+    'ngram_lookup': dict(model=dict(
+        encoding='hard_alibi', num_heads=8, scalable_softmax=0.4,
+        encoding_options=dict(hard_alibi=dict(widths=(1, 1, 1, 1), offsets=(1, 2, 3, 4))))),
+}
 ALL_ENCODINGS = ENCODINGS + ('t5', 'kerple', 'learned:randomized', 'rope:randomized') + tuple(
     e for e in FRONTIER if e not in ENCODINGS)
 
@@ -102,6 +116,8 @@ def get_config(arg=None):
   # A registry name (attention_jax.ENCODINGS), or NAME:randomized to train on
   # randomized positions (Ruoss et al. 2023; see `positions` below).
   c.model.encoding = (preset['encoding'] or 'rope').removesuffix(STICK_BREAKING)
+  if preset['encoding'] in VARIANTS:
+    c.model.encoding = VARIANTS[preset['encoding']]['model']['encoding']
   # Keyword options per encoding, passed to its `build` when that encoding
   # is used: model.encoding_options.NAME.OPTION (--config.model.encoding_options.t5.num_buckets=64).
   c.model.encoding_options = ml_collections.ConfigDict()
@@ -111,7 +127,10 @@ def get_config(arg=None):
   ))
   # Hard-ALiBi (Jelassi et al. 2024): head h < len(widths) sees only keys
   # with 0 <= i - j < widths[h], the other heads are NoPE; official: 1, 2, …, M.
-  c.model.encoding_options.hard_alibi = ml_collections.ConfigDict(dict(widths=(1, 2)))
+  # offsets (ours, one per windowed head, default 0): head h sees offsets[h] <= i - j <
+  # offsets[h] + widths[h]; width 1 at offset d reads exactly the token d back.
+  c.model.encoding_options.hard_alibi = ml_collections.ConfigDict(dict(widths=(1, 2),
+                                                                       offsets=()))
   c.model.encoding_options.learned_window = ml_collections.ConfigDict(dict(
       init_widths=(1, 2),  # one trained soft window per entry, from these widths; other heads NoPE
       temperature=4.0,  # initial edge sharpness τ (bias log σ(τ (w − ½ − d)))
@@ -185,6 +204,8 @@ def get_config(arg=None):
       base='kerple',  # the bias B: 'kerple' (−p·log(1 + a·|i − j|), learned) | 'alibi' (fixed slopes)
       mlp_width=32,  # hidden units of f (the official configs' mlp_width)
   ))
+  # The study.variants entry this run's model is (its label in results); '' = none.
+  c.model.variant = ''
   c.model.d_model = 64  # residual stream width (seq2seq: embedding width)
   c.model.num_heads = 4  # attention heads; must divide d_model
   c.model.num_layers = 2  # pre-LayerNorm transformer blocks
@@ -252,6 +273,9 @@ def get_config(arg=None):
   c.study.tasks = (preset['task'],)  # tasks swept by length_extrapolation.py
   c.study.models = ('transformer',)  # model kinds swept; encodings apply to transformers
   c.study.encodings = (preset['encoding'],) if preset['encoding'] else ENCODINGS  # encodings swept
+  # Named variants a study.encodings entry may name (VARIANTS above): fields of
+  # model, task and train that replace the config's for that entry's runs.
+  c.study.variants = ml_collections.ConfigDict(VARIANTS)
   # Training seeds swept (overrides train.seed), distinct integers >= 0; three seeds are
   # --config.study.seeds='(0,1,2)' (a bare 3 is the one seed 3).
   c.study.seeds = (0, 1, 2)
@@ -315,4 +339,7 @@ def get_config(arg=None):
     c.eval.update(max_length=8, num_samples=4, batch_size=4, rope_scalings=())
     c.study.seeds = (0,)
     c.progress = False
+  if preset['encoding'] in VARIANTS and preset['size'] != 'generalize':  # one run (train.py) too
+    c.update(VARIANTS[preset['encoding']])
+    c.model.variant = preset['encoding']
   return c

@@ -99,7 +99,8 @@ class ParseFlagsTest(parameterized.TestCase):
     self.assertEqual(rest, ['prog', 'extra'])
     options = flag_values['config'].value.model.encoding_options
     self.assertEqual(options.rope.to_dict(), {'base': 500})  # a group of its own
-    self.assertEqual(options.hard_alibi.to_dict(), {'widths': (1, 2), 'num_windowed_heads': 1})
+    self.assertEqual(options.hard_alibi.to_dict(), {'widths': (1, 2), 'offsets': (),
+                                                     'num_windowed_heads': 1})
     self.assertEqual(options.t5.to_dict(), {'num_buckets': 8, 'max_distance': 128})
     self.assertEqual(options.fire.mlp_width, 32)  # the other encodings keep their defaults
     self.assertTrue(options.is_locked)

@@ -9,7 +9,11 @@ workdir; then:
 * `attention_maps_LABEL.png`: heat maps per layer and head for one copy
   example at L_train and at 4 × L_train;
 * `attention_entropy.png`: mean attention entropy vs query position at
-  4 × L_train, one line per encoding, with the uniform-attention curve.
+  4 × L_train, one line per encoding, with the uniform-attention curve;
+* `failures.md` and `failures.csv`: for every seed, at L_train and 2×, 4×,
+  8× L_train, how its strings fail (`evaluate.ambiguity`): exact, or the
+  first error an ambiguity (a repeated k-gram), an early or a missed EOS, or
+  drift; beside the strings' 3- and 4-gram ceilings.
 
 Without a config, the workdir's own is used (`stored_config`), so the study's
 encodings, seeds and tasks need not be repeated.
@@ -27,6 +31,7 @@ import numpy as np
 from attention_jax.lab import evaluate
 from attention_jax.lab import identity
 from attention_jax.lab import models
+from attention_jax.lab import results
 from attention_jax.lab import tasks
 from attention_jax.lab import workdirs
 from attention_jax.lab.plots import plot_attention_maps
@@ -110,11 +115,35 @@ def run_diagnostics(config: Optional[ml_collections.ConfigDict], workdir: str, *
       raise_if_stopped('while drawing the attention maps (nothing to resume: run it again)')
       curves[run_label(c)] = _draw(c, load_trained(c, run_dir), workdir, task, train_max,
                                    long, num_examples, log)
+    failures = _failures(config, workdir, runs, run_dirs, log)
   plot_entropy(curves, os.path.join(workdir, 'attention_entropy.png'),
                train_tokens=train_tokens,
                title=f'{task.name}: attention entropy at input length {long} '
                      f'(trained on 1–{train_max}), seed {seed}')
   return curves
+
+
+def _failures(config, workdir, runs, run_dirs, log) -> list[dict]:
+  """failures.csv and failures.md for every seed of `runs`' encodings (the
+  first task's; a study's other seeds are found like the first's)."""
+  train_max = config.task.train_max_length
+  lengths = [n for n in [train_max] + [m * train_max for m in results.MULTIPLES]
+             if n <= config.eval.max_length]
+  rows = []
+  for c, run_dir in zip(runs, run_dirs):
+    seeds = [c] if workdirs.kind(workdir) == 'run' else [
+        s for s in run_configs(config) if s.task.name == c.task.name
+        and s.model.kind == c.model.kind and run_label(s) == run_label(c)]
+    for s in seeds:
+      raise_if_stopped('while sorting the failures (nothing to resume: run it again)')
+      directory = run_dir if s is c else _trained_run(s, workdir)
+      for row in evaluate.failure_rows(load_trained(s, directory), s, lengths):
+        rows.append(dict(task=s.task.name, encoding=run_label(s), seed=s.train.seed, **row))
+  results.write_failures(os.path.join(workdir, 'failures.csv'), rows)
+  path = os.path.join(workdir, 'failures.md')
+  results.write_text(path, results.failures_markdown(rows, train_max))
+  log(f'failures by kind: {path}')
+  return rows
 
 
 def _draw(c, model, workdir, task, train_max, long, num_examples, log) -> np.ndarray:

@@ -56,7 +56,8 @@ _MISSING = '(absent)'
 # config without one was trained as its value here says (what the older code
 # did), so an upgrade does not turn finished runs into mismatches.
 ADDED_LATER = {'model.normalization': 'softmax', 'model.stick_breaking_attend_current': False,
-               'model.scalable_softmax': 0.0}
+               'model.scalable_softmax': 0.0, 'model.encoding_options.hard_alibi.offsets': (),
+               'model.variant': ''}
 
 
 class RunMismatch(ConfigError):

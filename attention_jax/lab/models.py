@@ -115,6 +115,51 @@ def study_entry(entry: str) -> tuple[str, Optional[str]]:
   return entry, None
 
 
+def study_variants(config: ml_collections.ConfigDict) -> dict:
+  """`config.study.variants` as a plain dict (empty in older configs): a
+  study entry naming one trains that variant of the model (`apply_variant`)."""
+  variants = config.get('study', {}).get('variants')
+  return variants.to_dict() if variants else {}
+
+
+def _flat(tree: dict, prefix: str = '') -> dict:
+  """{'a': {'b': 1}} -> {'a.b': 1}."""
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict) and value:
+      out.update(_flat(value, f'{prefix}{key}.'))
+    else:
+      out[f'{prefix}{key}'] = value
+  return out
+
+
+def apply_variant(config: ml_collections.ConfigDict, name: str) -> None:
+  """Turns a run's `config` into the `study.variants[name]` variant, in
+  place: each of the variant's fields (a partial config: `model`, `task`,
+  `train` sections) replaces the config's, and `model.variant` names it, so
+  the run's label and directory are the variant's. A field the config does
+  not have is a ValueError naming it (an encoding's options may be new)."""
+  variant = study_variants(config)[name]
+  for key, value in _flat(variant).items():
+    section = key.partition('.')[0]
+    if section not in ('model', 'task', 'train'):
+      raise ValueError(f'study.variants.{name}.{key}: a variant sets model, task and train '
+                       f'fields only, not {section!r}.')
+    *parents, field = key.split('.')
+    node = config
+    for i, part in enumerate(parents):
+      if part not in node:
+        if parents[:i] != ['model', 'encoding_options']:
+          raise ValueError(f'study.variants.{name}.{key}: the config has no '
+                           f'{".".join(parents[:i + 1])}.')
+        node[part] = ml_collections.ConfigDict()
+      node = node[part]
+    if field not in node and parents[:2] != ['model', 'encoding_options']:
+      raise ValueError(f'study.variants.{name}.{key}: the config has no such field.')
+    node[field] = value
+  config.model.variant = name
+
+
 def normalization(config: ml_collections.ConfigDict) -> Normalization:
   """'softmax', or a `StickBreaking` with model.stick_breaking_attend_current,
   from model.normalization (absent in older configs: softmax)."""

@@ -42,6 +42,7 @@ def training_marks(ranges: dict[str, Optional[tuple[int, int]]]) -> dict:
 def plot_extrapolation(rows: Sequence[dict], path: str, *, train_min: Optional[int] = None,
                        train_max: Optional[int] = None,
                        train_ranges: Optional[dict[str, Optional[tuple[int, int]]]] = None,
+                       ceilings: Sequence[dict] = (),
                        ) -> None:
   """Accuracy vs input length: one line per encoding (mean over seeds), the
   seeds' min–max shaded, the training range marked. A row of two panels
@@ -51,6 +52,8 @@ def plot_extrapolation(rows: Sequence[dict], path: str, *, train_min: Optional[i
   combine several): lines are then labelled `SOURCE:ENCODING`, and
   `train_ranges` maps each source to its training lengths `(min, max)`
   (`training_marks`); else `train_min`, `train_max` are the one range.
+  `ceilings` (`evaluate.ambiguity.ceiling_rows`): the k-gram ceiling of
+  each task for k in CEILING_KS, dashed grey under exact match.
   """
   if train_ranges is None:
     train_ranges = {'': (train_min, train_max) if train_max else None}
@@ -77,6 +80,8 @@ def plot_extrapolation(rows: Sequence[dict], path: str, *, train_min: Optional[i
                         color=_color(i),
                         ls='--' if (':' in enc or '+' in enc) else '-')
         ax.fill_between(lengths, 100 * lo, 100 * hi, color=line.get_color(), alpha=0.18)
+      if metric == 'exact_match':
+        _draw_ceiling(ax, [c for c in ceilings if c['task'] == task])
       if marks['span']:
         ax.axvspan(*marks['span'], color="0.85", zorder=0, label=marks['label'])
       shared = marks['shared']
@@ -94,6 +99,20 @@ def plot_extrapolation(rows: Sequence[dict], path: str, *, train_min: Optional[i
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
+
+
+CEILING_KS = (2, 3, 4)  # the k-gram ceilings drawn (the ones that bind at 2× to 8×)
+
+
+def _draw_ceiling(ax, rows: Sequence[dict]) -> None:
+  """The task's k-gram ceilings (percent of strings a k-gram lookup can
+  copy), thin dashed grey lines labelled by k, darker for larger k."""
+  for k in CEILING_KS:
+    sel = sorted((r['length'], r['unambiguous']) for r in rows if r['k'] == k)
+    if sel:
+      shade = str(0.75 - 0.2 * CEILING_KS.index(k))
+      ax.plot([n for n, _ in sel], [100 * v for _, v in sel], color=shade, lw=1, ls=(0, (4, 2)),
+              label=f'ceiling: {k}-gram lookup', zorder=1)
 
 
 def plot_alignments(panels: Sequence[tuple[str, dict]], path: str) -> None:

@@ -174,3 +174,88 @@ def comparison_markdown(rows_a: Sequence[dict], rows_b: Sequence[dict], *,
           lines.append('| ' + ' | '.join([enc, bucket, *cells, diff, note]) + ' |')
       lines.append('')
   return '\n'.join(lines)
+
+
+CEILING_FIELDS = ('task', 'length', 'k', 'unambiguous')
+
+
+def write_ceiling(path: str, rows: Iterable[dict]) -> None:
+  """`ambiguity.ceiling_rows`' rows to `path` (CSV), atomically."""
+  tmp = path + '.tmp'
+  with open(tmp, 'w', newline='') as f:
+    writer = csv.DictWriter(f, fieldnames=CEILING_FIELDS, lineterminator='\n')
+    writer.writeheader()
+    writer.writerows({k: row[k] for k in CEILING_FIELDS} for row in rows)
+  os.replace(tmp, path)
+
+
+def ceiling_markdown(rows: Sequence[dict], train_max: int) -> str:
+  """Per task, a table: k × (training range, 2×, 4×, 8× L_train), each cell
+  the percentage of evaluation strings a k-gram lookup can copy
+  (`evaluate.ambiguity`)."""
+  if not rows:
+    return ''
+  lengths = sorted({r['length'] for r in rows})
+  columns = [(f'1–L ({train_max})', [n for n in lengths if n <= train_max])] + [
+      (f'{m}×L ({m * train_max})', [m * train_max]) for m in MULTIPLES
+      if m * train_max in lengths]
+  lines = ['### The task\'s own ceiling: strings a k-gram lookup can copy', '',
+           'Percent of the evaluation strings (the same strings every model above was '
+           'scored on) in which no k tokens occur before two outputs with different next '
+           'tokens: for copy and reverse, strings with no repeated k-gram. A model that '
+           'copies by finding its last k outputs in the input can get at most these exact; '
+           'one above the row of k uses longer contexts (evaluate/ambiguity.py).', '']
+  for task in sorted({r['task'] for r in rows}):
+    sel = [r for r in rows if r['task'] == task]
+    lines += [f'#### {task}', '', '| k | ' + ' | '.join(c for c, _ in columns) + ' |',
+              '|' + '---|' * (len(columns) + 1)]
+    for k in sorted({r['k'] for r in sel}):
+      cells = []
+      for _, ns in columns:
+        values = [r['unambiguous'] for r in sel if r['k'] == k and r['length'] in ns]
+        cells.append(f'{100 * np.mean(values):.1f}' if values else '—')
+      lines.append(f'| {k} | ' + ' | '.join(cells) + ' |')
+    lines.append('')
+  return '\n'.join(lines)
+
+
+FAILURE_FIELDS = ('task', 'encoding', 'seed', 'length', 'exact', 'ambiguity', 'early EOS',
+                  'missed EOS', 'drift', 'mean_k_ambiguity', 'ceiling_3', 'ceiling_4')
+
+
+def write_failures(path: str, rows: Iterable[dict]) -> None:
+  """`evaluate.failure_rows`' rows (with task, encoding, seed) to `path`, atomically."""
+  tmp = path + '.tmp'
+  with open(tmp, 'w', newline='') as f:
+    writer = csv.DictWriter(f, fieldnames=FAILURE_FIELDS, lineterminator='\n')
+    writer.writeheader()
+    writer.writerows({k: row[k] for k in FAILURE_FIELDS} for row in rows)
+  os.replace(tmp, path)
+
+
+def failures_markdown(rows: Sequence[dict], train_max: int) -> str:
+  """Per task, a table: (encoding, length) × how the strings end, percent of
+  all strings, mean over seeds."""
+  kinds = FAILURE_FIELDS[4:9]
+  lines = ['# How the strings fail', '',
+           'Percent of the evaluation strings, mean over seeds, by how each ends: copied '
+           'exactly, or its first wrong token (the same under teacher forcing and greedy '
+           'generation) is an *ambiguity* (the token that follows another earlier occurrence '
+           'of the last k >= 2 tokens: a repeated k-gram; "k" is their mean k), an *early '
+           'EOS*, a *missed EOS* (another token where EOS was due) or *drift* (none of '
+           'these). The ceilings: strings with no repeated 3-gram, 4-gram '
+           f'(evaluate/ambiguity.py). L_train = {train_max}.', '']
+  header = ['encoding', 'length', 'seeds', *kinds, 'k', '3-gram ceiling', '4-gram ceiling']
+  for task in sorted({r['task'] for r in rows}):
+    lines += [f'## {task}', '', '| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
+    sel = [r for r in rows if r['task'] == task]
+    for enc in dict.fromkeys(r['encoding'] for r in sel):
+      for n in sorted({r['length'] for r in sel if r['encoding'] == enc}):
+        cell = [r for r in sel if r['encoding'] == enc and r['length'] == n]
+        mean = lambda key: float(np.mean([r[key] for r in cell]))
+        cells = [f'{100 * mean(k):.1f}' for k in kinds] + [
+            f'{mean("mean_k_ambiguity"):.1f}', f'{100 * mean("ceiling_3"):.1f}',
+            f'{100 * mean("ceiling_4"):.1f}']
+        lines.append('| ' + ' | '.join([enc, str(n), str(len(cell)), *cells]) + ' |')
+    lines.append('')
+  return '\n'.join(lines)

@@ -9,7 +9,6 @@ picks up at the first unfinished run when the same command is run again.
 
 import contextlib
 import functools
-import glob
 import hashlib
 import json
 import os
@@ -25,14 +24,14 @@ import attention_jax
 from attention_jax.lab import cluster
 from attention_jax.lab import identity
 from attention_jax.lab import locks
+from attention_jax.lab import outputs
 from attention_jax.lab import results
 from attention_jax.lab import tasks
-from attention_jax.lab.evaluate import default_eval_lengths
+from attention_jax.lab.evaluate import eval_lengths
 from attention_jax.lab.evaluate import evaluate_models
 from attention_jax.lab.evaluate import rope_scaled
 from attention_jax.lab import models
 from attention_jax.positional import RopeScaling
-from attention_jax.lab.plots import plot_extrapolation
 from attention_jax.lab.timing import Stopwatch
 from attention_jax.lab.timing import describe
 from attention_jax.lab.timing import locked
@@ -52,11 +51,6 @@ from attention_jax.lab.validate import validate_config
 
 
 OnTrained = Callable[[nnx.Module, ml_collections.ConfigDict, str], None]
-
-
-def eval_lengths(config: ml_collections.ConfigDict) -> list[int]:
-  return sorted(config.eval.lengths) or default_eval_lengths(
-      config.task.train_max_length, config.eval.max_length)
 
 
 def shared_optimizer(train_config: ml_collections.ConfigDict) -> optax.GradientTransformation:
@@ -241,10 +235,13 @@ def config_hash(config: ml_collections.ConfigDict) -> str:
 
 def run_label(config: ml_collections.ConfigDict) -> str:
   """What results.csv's `encoding` column says: the encoding of a transformer
-  (`NAME:randomized` with randomized positions), the model kind ('seq2seq',
+  (`NAME:randomized` with randomized positions) or the name of its
+  `study.variants` entry (`model.variant`), the model kind ('seq2seq',
   'seq2seq_attention') of anything else."""
   if config.model.kind != 'transformer':
     return config.model.kind
+  if config.model.get('variant'):
+    return config.model.variant
   if config.model.get('normalization', 'softmax') == 'stick_breaking':
     return config.model.encoding + models.STICK_BREAKING_SUFFIX
   return config.model.encoding
@@ -268,19 +265,22 @@ def evaluation_variants(config: ml_collections.ConfigDict) -> list[tuple[str, Op
 def run_configs(config: ml_collections.ConfigDict) -> list[ml_collections.ConfigDict]:
   """One config per run of the sweep: tasks × (transformer encodings, other
   model kinds) × seeds; an entry 'SPEC+stick_breaking' also sets
-  model.normalization (`models.study_entry`)."""
+  model.normalization (`models.study_entry`), the name of a `study.variants`
+  entry applies that variant (`models.apply_variant`)."""
   runs = []
   for task in config.study.tasks:
     for kind in config.study.models:
       encodings = config.study.encodings if kind == 'transformer' else ('none',)
       for entry in encodings:
-        spec, norm = models.study_entry(entry)
         for seed in config.study.seeds:
           c = ml_collections.ConfigDict(config.to_dict())
-          c.task.name, c.model.kind, c.model.encoding, c.train.seed = (
-              task, kind, spec, seed)
-          if norm:
-            c.model.normalization = norm
+          c.task.name, c.model.kind, c.train.seed = task, kind, seed
+          if kind == 'transformer' and entry in models.study_variants(config):
+            models.apply_variant(c, entry)
+          else:
+            c.model.encoding, norm = models.study_entry(entry)
+            if norm:
+              c.model.normalization = norm
           runs.append(c)
   return runs
 
@@ -391,10 +391,10 @@ def run_study(config: ml_collections.ConfigDict, workdir: str,
         log(f'outputs not written yet: {left}; the process that finishes the last one writes '
             'them, or --config.study.report_only=True once they are finished.')
         return []
-      extra, coverage = _other_runs(workdir, config, dirs)
+      extra, coverage = outputs.other_runs(workdir, config, dirs)
       rows += extra
       with stage('while writing the study outputs'):
-        write_study_outputs(rows, workdir, config, coverage)
+        outputs.write_study_outputs(rows, workdir, config, coverage)
   return rows
 
 
@@ -403,7 +403,7 @@ def _setups(numbered):
   groups = []
   for item in numbered:
     _, (c, _) = item
-    key = (c.task.name, c.model.kind, c.model.encoding)
+    key = (c.task.name, c.model.kind, run_label(c))
     if groups and groups[-1][0] == key:
       groups[-1][1].append(item)
     else:
@@ -422,48 +422,3 @@ def _log_run(log, prefix, c, run_dir, run_rows, workdir, start) -> None:
       f'token accuracy in training range {100 * sum(in_range) / len(in_range):.1f}%, '
       f"at {own[-1]['length']}: {100 * own[-1]['token_accuracy']:.1f}% "
       f'({time.perf_counter() - start:.0f}s so far)')
-
-
-def _other_runs(workdir: str, config: ml_collections.ConfigDict, dirs: list[str]):
-  """Rows of the workdir's finished runs outside this sweep that match its
-  config (as trained and as evaluated), and the coverage lists for summary.md:
-  (covered, earlier, excluded)."""
-  rel = lambda d: os.path.relpath(d, workdir)
-  swept = {os.path.abspath(d) for d in dirs}
-  rows, earlier, excluded = [], [], []
-  for path in sorted(glob.glob(os.path.join(workdir, 'runs', '*', '*', '*', 'results.csv'))):
-    run_dir = os.path.dirname(path)
-    if os.path.abspath(run_dir) in swept:
-      continue
-    stored = identity.read_config(run_dir)
-    if stored is None:
-      excluded.append((rel(run_dir), 'no readable config.json'))
-      continue
-    candidate = ml_collections.ConfigDict(config.to_dict())
-    for key in identity.RUN_KEYS:  # that run's place in a sweep, the rest from this config
-      section, field = key.split('.')
-      candidate[section][field] = stored[section][field]
-    diffs = identity.differences(stored, candidate)
-    found = None if diffs else identity.evaluated_rows(run_dir, candidate)
-    if diffs:
-      excluded.append((rel(run_dir), 'trained with other ' + ', '.join(k for k, _, _ in diffs[:3])))
-    elif found is None:
-      excluded.append((rel(run_dir), 'evaluated with other eval settings'))
-    else:
-      rows += found
-      earlier.append(rel(run_dir))
-  return rows, ([rel(d) for d in dirs] + earlier, earlier, excluded)
-
-
-def write_study_outputs(rows, workdir: str, config: ml_collections.ConfigDict,
-                        coverage: Optional[tuple] = None) -> None:
-  """results.csv, summary.md (with `coverage`, `_other_runs`' lists, saying
-  which runs it covers) and extrapolation.png; the text files atomically."""
-  t = config.task
-  results.write_rows(os.path.join(workdir, 'results.csv'), rows)
-  summary = results.summary_markdown(rows, t.train_min_length, t.train_max_length)
-  if coverage:
-    summary += '\n' + '\n'.join(results.coverage_summary(*coverage))
-  results.write_text(os.path.join(workdir, 'summary.md'), summary)
-  plot_extrapolation(rows, os.path.join(workdir, 'extrapolation.png'),
-                     train_min=t.train_min_length, train_max=t.train_max_length)

@@ -33,7 +33,9 @@ from attention_jax.lab.models import MODEL_KINDS
 from attention_jax.lab.models import longest_sequence
 from attention_jax.lab.models import randomized_max_position
 from attention_jax.lab.models import STICK_BREAKING_SUFFIX
+from attention_jax.lab.models import apply_variant
 from attention_jax.lab.models import study_entry
+from attention_jax.lab.models import study_variants
 
 
 ON_MISMATCH = ('error', 'retrain')  # study.on_mismatch, see lab/identity.py
@@ -235,7 +237,18 @@ def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -
   _require(len(entries) >= 1, 'study.encodings is empty; name at least one, e.g. '
            "--config.study.encodings=\"('rope','alibi')\".")
   specs, parsed = [], []
+  variants = study_variants(config) if study else {}
   for entry in entries:
+    if entry in variants:  # checked as its runs' configs (run_study validates each)
+      asked = ml_collections.ConfigDict(config.to_dict())
+      try:
+        apply_variant(asked, entry)
+      except ValueError as e:
+        raise ConfigError(f'invalid config: {e}') from None
+      _require(isinstance(asked.model.encoding, str) and asked.model.encoding not in variants,
+               f'study.variants.{entry}: model.encoding={asked.model.encoding!r} must be an '
+               'encoding spec, not a variant.')
+      continue
     spec, norm = study_entry(entry) if study else (entry, None)
     specs.append((spec, norm))
     try:

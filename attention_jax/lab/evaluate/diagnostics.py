@@ -13,7 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from attention_jax.lab import models
 from attention_jax.lab import tasks
+from attention_jax.lab.evaluate import ambiguity
+from attention_jax.lab.evaluate.lengths import evaluation_strings
 
 
 def copy_examples(task: tasks.Task, length: int, num: int, *, vocab_size: int, seed: int,
@@ -46,3 +49,26 @@ def entropy_by_position(model: nnx.Module, batch: dict[str, jax.Array]) -> np.nd
   """Mean entropy over examples, heads and layers, per query position `[T]`."""
   per_layer = [attention_entropy(w).mean(axis=(0, 1)) for w in attention_weights(model, batch)]
   return np.mean(per_layer, axis=0)
+
+
+def failure_rows(model: nnx.Module, config, lengths) -> list[dict]:
+  """How a trained transformer fails on the study's evaluation strings, per
+  length of `lengths`: `ambiguity.failure_summary` of its first errors
+  (teacher-forced: the same first error as greedy generation), with the
+  strings' 3- and 4-gram ceilings for comparison. `config`: the run's."""
+  max_position = (models.randomized_max_position(config)
+                  if config.positions.randomized_eval == 'random' else 0)
+  strings = evaluation_strings(
+      models.configured_task(config), lengths, train_max=config.task.train_max_length,
+      num_samples=config.eval.num_samples, vocab_size=config.task.vocab_size,
+      eval_seed=config.eval.seed, batch_size=config.eval.batch_size,
+      max_position=max_position, draw=config.positions.draw)
+  rows = []
+  for n, s in strings.items():
+    predictions = np.asarray(models.predict_batch(model, {k: jnp.asarray(v) for k, v in s.items()}))
+    errors = ambiguity.first_errors(s['inputs'], s['targets'], s['loss_mask'], predictions,
+                                    eos=tasks.EOS)
+    ceiling = ambiguity.ceiling(s['inputs'], s['targets'], s['loss_mask'], (3, 4))
+    rows.append(dict(length=n, **ambiguity.failure_summary(errors),
+                     ceiling_3=ceiling[3], ceiling_4=ceiling[4]))
+  return rows

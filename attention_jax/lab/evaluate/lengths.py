@@ -50,6 +50,13 @@ def default_eval_lengths(train_max: int, eval_max: int) -> list[int]:
   return sorted(lengths)
 
 
+def eval_lengths(config) -> list[int]:
+  """The input lengths a config evaluates: `eval.lengths`, or () for
+  `default_eval_lengths` of its training and evaluation maxima."""
+  return sorted(config.eval.lengths) or default_eval_lengths(
+      config.task.train_max_length, config.eval.max_length)
+
+
 def buckets(lengths: Sequence[int], train_max: int) -> dict[int, list[int]]:
   """Maps each bucket size (max input length) to the lengths padded to it.
 
@@ -118,6 +125,38 @@ def _metrics(state, *, key, n, graphdef, task, bucket, num_samples, vocab_size,
               **prediction_metrics(predictions, batch, per_example=True))
 
 
+def evaluation_keys(eval_seed: int, n: int, num_batches: int) -> jax.Array:
+  """The keys of length `n`'s evaluation batches: the data of every model."""
+  return jax.random.split(jax.random.fold_in(jax.random.key(eval_seed), n), num_batches)
+
+
+def evaluation_strings(task: tasks.Task, lengths: Iterable[int], *, train_max: int,
+                       num_samples: int, vocab_size: int, eval_seed: int = 12345,
+                       batch_size: int = 256, max_position: int = 0,
+                       draw: str = 'per_example') -> dict[int, dict[str, np.ndarray]]:
+  """Length -> the decoder-only batch (numpy, `[num_samples, T]`, padded to
+  the length's bucket; `positions` too when coupled or, `max_position` > 0,
+  randomized) that `evaluate_models` scores every model on at that length
+  (the seq2seq layout reads the same x): for measures of the data
+  themselves (`ambiguity.ceiling`) and of a model's failures on them."""
+  batch_size = min(batch_size, num_samples)
+  num_batches = math.ceil(num_samples / batch_size)
+  out = {}
+  for bucket, bucket_lengths in buckets(sorted(lengths), train_max).items():
+    for n in bucket_lengths:
+      parts = []
+      for key in evaluation_keys(eval_seed, n, num_batches):
+        batch = tasks.make_batch(task, key, jnp.full((batch_size,), n, jnp.int32),
+                                 vocab_size=vocab_size, max_input_length=bucket)
+        if max_position:  # as `_metrics` draws them
+          batch = tasks.with_random_positions(batch, jax.random.fold_in(key, 2), max_position,
+                                              draw)
+        parts.append(batch)
+      out[n] = {k: np.concatenate([np.asarray(p[k]) for p in parts])
+                for k in parts[0] if k != 'lengths'}
+  return out
+
+
 def evaluate_lengths(model: nnx.Module, task: tasks.Task, lengths: Iterable[int],
                      **kwargs) -> list[dict]:
   """Per length: `{'length', 'token_accuracy', 'exact_match'}` over
@@ -157,7 +196,7 @@ def evaluate_models(trained: list[nnx.Module], task: tasks.Task, lengths: Iterab
     forced_program, generation_program = program(), program(generate=True) if generate else None
     for n in bucket_lengths:
       raise_if_stopped()  # a stop request during evaluation, between lengths
-      keys = jax.random.split(jax.random.fold_in(jax.random.key(eval_seed), n), num_batches)
+      keys = evaluation_keys(eval_seed, n, num_batches)
       with clock.stage('evaluation'):
         results = jax.device_get([forced_program(state, key, jnp.int32(n)) for key in keys])
       if generate:

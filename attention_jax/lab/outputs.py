@@ -1,0 +1,84 @@
+"""A study's outputs: results.csv, summary.md, ceiling.csv and the figure.
+
+Written from finished runs only (`lab.study` calls `write_study_outputs`
+once every run of the sweep is done), so every output of a workdir covers
+the same runs: this sweep's and earlier ones' that match its config
+(`other_runs`). `ceiling.csv` is the task's own limit on the very strings
+the models were evaluated on (`evaluate.ambiguity`): per task, length and k,
+the fraction of strings a k-gram lookup can copy at all.
+"""
+
+import glob
+import os
+from typing import Optional, Sequence
+
+import ml_collections
+
+from attention_jax.lab import identity
+from attention_jax.lab import results
+from attention_jax.lab import tasks
+from attention_jax.lab.evaluate import ambiguity
+from attention_jax.lab.evaluate import eval_lengths
+from attention_jax.lab.plots import plot_extrapolation
+
+
+def other_runs(workdir: str, config: ml_collections.ConfigDict, dirs: list[str]):
+  """Rows of the workdir's finished runs outside this sweep that match its
+  config (as trained and as evaluated), and the coverage lists for summary.md:
+  (covered, earlier, excluded)."""
+  rel = lambda d: os.path.relpath(d, workdir)
+  swept = {os.path.abspath(d) for d in dirs}
+  rows, earlier, excluded = [], [], []
+  for path in sorted(glob.glob(os.path.join(workdir, 'runs', '*', '*', '*', 'results.csv'))):
+    run_dir = os.path.dirname(path)
+    if os.path.abspath(run_dir) in swept:
+      continue
+    stored = identity.read_config(run_dir)
+    if stored is None:
+      excluded.append((rel(run_dir), 'no readable config.json'))
+      continue
+    candidate = ml_collections.ConfigDict(config.to_dict())
+    for key in identity.RUN_KEYS:  # that run's place in a sweep, the rest from this config
+      section, field = key.split('.')
+      candidate[section][field] = stored[section][field]
+    diffs = identity.differences(stored, candidate)
+    found = None if diffs else identity.evaluated_rows(run_dir, candidate)
+    if diffs:
+      excluded.append((rel(run_dir), 'trained with other ' + ', '.join(k for k, _, _ in diffs[:3])))
+    elif found is None:
+      excluded.append((rel(run_dir), 'evaluated with other eval settings'))
+    else:
+      rows += found
+      earlier.append(rel(run_dir))
+  return rows, ([rel(d) for d in dirs] + earlier, earlier, excluded)
+
+
+def task_ceilings(config: ml_collections.ConfigDict, task_names: Sequence[str]) -> list[dict]:
+  """`ambiguity.ceiling_rows` for each task, on the config's evaluation strings."""
+  e = config.eval
+  return [row for name in task_names
+          for row in ambiguity.ceiling_rows(
+              tasks.get_task(name), eval_lengths(config), train_max=config.task.train_max_length,
+              num_samples=e.num_samples, vocab_size=config.task.vocab_size, eval_seed=e.seed,
+              batch_size=e.batch_size)]
+
+
+def write_study_outputs(rows, workdir: str, config: ml_collections.ConfigDict,
+                        coverage: Optional[tuple] = None) -> None:
+  """results.csv, ceiling.csv, summary.md (with the ceiling, and with
+  `coverage`, `other_runs`' lists, saying which runs it covers) and
+  extrapolation.png (the ceiling dashed under exact match); the text files
+  atomically."""
+  t = config.task
+  task_names = sorted({r['task'] for r in rows})
+  ceilings = task_ceilings(config, task_names)
+  results.write_rows(os.path.join(workdir, 'results.csv'), rows)
+  results.write_ceiling(os.path.join(workdir, 'ceiling.csv'), ceilings)
+  summary = results.summary_markdown(rows, t.train_min_length, t.train_max_length)
+  summary += '\n' + results.ceiling_markdown(ceilings, t.train_max_length)
+  if coverage:
+    summary += '\n' + '\n'.join(results.coverage_summary(*coverage))
+  results.write_text(os.path.join(workdir, 'summary.md'), summary)
+  plot_extrapolation(rows, os.path.join(workdir, 'extrapolation.png'),
+                     train_min=t.train_min_length, train_max=t.train_max_length,
+                     ceilings=ceilings)
