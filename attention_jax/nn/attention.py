@@ -289,7 +289,8 @@ class MultiHeadAttention(KVCache, nnx.Module):
         k_features=(q_features if self_attention
                     else self.positional.token_features(context)),
         causal=self.causal, window=self.sliding_window, kv_lengths=kv_lengths,
-        mask=as_rank4('mask', mask)))
+        mask=as_rank4('mask', mask),
+        q_history=q if self_attention and self.positional.reads_query_history else None))
     weighted = return_weights or sow_weights or dropping
     result = scaled_dot_product_attention(
         q, k, v, mask=mask, bias=bias, score_bias=score_bias,

@@ -28,7 +28,7 @@ from attention_jax.attention.scalable import visible_keys
 from attention_jax.positional.base import ScoreContext
 
 NO_OVERFLOW = (0, 0)
-CACHE_NAMES = ('key', 'value', 'positions', 'features', 'overflow')
+CACHE_NAMES = ('key', 'value', 'positions', 'features', 'query', 'overflow')
 
 
 def past_cache_message(start: int, end: int, t_max: int) -> str:
@@ -106,7 +106,8 @@ class KVCache:
     `init_cache(batch_size, cache_size)` returns the cache for `extend`:
     key/value `[B, H_kv, cache_size, D]` (rotated keys when the encoding
     rotates), their int32 positions `[B, cache_size]`, for an encoding with
-    `token_features` the keys' features float32 `[B, cache_size, F]`, and
+    `token_features` the keys' features float32 `[B, cache_size, F]`, for one
+    that `reads_query_history` the queries `[B, H, cache_size, D]`, and
     `overflow` int32 `[2]` (see `nn.cache`).
 
     `init_cache(input_shape)`, Flax's form, `input_shape = (B, cache_size,
@@ -133,6 +134,8 @@ class KVCache:
         (batch_size, cache_size, self.d_model), jnp.float32))
     if features is not None:
       cache['features'] = jnp.zeros(features.shape, jnp.float32)
+    if self.positional.reads_query_history:  # Multi-Token Attention's earlier queries
+      cache['query'] = jnp.zeros((batch_size, self.num_heads, cache_size, self.head_dim), dtype)
     return cache
 
   def _store(self, cache: dict) -> None:
@@ -210,6 +213,8 @@ class KVCache:
                  positions=write(cache['positions'], positions, 1))
     if features is not None:
       cache['features'] = write(cache['features'], features, 1)
+    if 'query' in cache:
+      cache['query'] = write(cache['query'], heads_first(q), 2)
     keys = jnp.arange(t_max)[None, :]
     mask = keys <= slots[:, None]  # causal; also hides the slots not yet written
     if self.sliding_window is not None:
@@ -218,7 +223,8 @@ class KVCache:
     score_bias = self.positional.score_contribution(ScoreContext(
         q=q, k=all_keys, q_positions=positions, k_positions=cache['positions'],
         q_slots=slots, q_features=features, k_features=cache.get('features'), causal=True,
-        window=self.sliding_window))
+        window=self.sliding_window,
+        q_history=heads_first(cache['query']).astype(q.dtype) if 'query' in cache else None))
     # The mask moves with `start`, which blocks do not express; the queries
     # are one token (or a prompt), cheap on the other kernels.
     implementation = 'auto' if self.implementation == 'chunked' else self.implementation

@@ -111,7 +111,8 @@ class SelfAttention(nnx.Module):
     score_bias = self.positional.score_contribution(ScoreContext(
         q=q, k=k, q_positions=positions, k_positions=positions,
         q_slots=np.arange(x.shape[1]), q_features=features, k_features=features,
-        causal=self.causal, mask=as_rank4('mask', head_axis(mask))))
+        causal=self.causal, mask=as_rank4('mask', head_axis(mask)),
+        q_history=q if self.positional.reads_query_history else None))
     result = scaled_dot_product_attention(
         q, k, v, mask=head_axis(mask), bias=head_axis(bias),
         score_bias=score_bias, causal=self.causal,

@@ -58,6 +58,9 @@ class ScoreContext:
   window: the module's sliding window (|i - j| < window on indices) or None.
   kv_lengths: int `[B]` (keys at index >= kv_lengths[b] are padding) or None.
   mask: the caller's boolean mask, rank 4 `[B|1, H|1, T_q, T_k]`, or None.
+  q_history: for an encoding with `reads_query_history`, the queries of every
+    slot 0 … T_k-1 `[B, T_k, H, D]` (slot-aligned with k): q itself in a full
+    self-attention pass, the cache's stored queries when decoding; else None.
   """
   q: jnp.ndarray
   k: jnp.ndarray
@@ -70,6 +73,7 @@ class ScoreContext:
   window: Optional[int] = None
   kv_lengths: Optional[jnp.ndarray] = None
   mask: Optional[jnp.ndarray] = None
+  q_history: Optional[jnp.ndarray] = None
 
   def visible(self) -> jnp.ndarray:
     """bool `[B|1, H|1, T_q, T_k]`: the keys each query may attend to, as the
@@ -117,6 +121,9 @@ class PositionalEncoding(nnx.Module):
   # default, as the official code of forgetting attention, CoPE and FIRE
   # does; False: one instance shared by every layer.
   per_layer = False
+  # Whether `score_contribution` reads earlier queries (`ScoreContext.q_history`;
+  # Multi-Token Attention): self-attention passes them, a cache keeps them.
+  reads_query_history = False
 
   def add_to_embeddings(self, x: jnp.ndarray, positions: jnp.ndarray) -> jnp.ndarray:
     """x `[B, T, D]`, positions `[T]` or `[B, T]` -> `[B, T, D]`."""

@@ -21,6 +21,7 @@ from attention_jax.positional.hard_alibi import HardALiBi
 from attention_jax.positional.kerple import KERPLE
 from attention_jax.positional.learned import Learned
 from attention_jax.positional.learned_window import LearnedWindow
+from attention_jax.positional.mta import MultiTokenAttention
 from attention_jax.positional.p_rope import PRoPE
 from attention_jax.positional.rope import RoPE
 from attention_jax.positional.sinusoidal import Sinusoidal
@@ -45,6 +46,7 @@ ENCODINGS = {
     'fox': FoX,  # Lin et al. 2025: forget gates σ(w·x + b), bias Σ log f between key and query
     'cope': CoPE,  # Golovneva et al. 2024: positions counted by gates σ(q·k/√D), O(T²)
     'dape': DAPE,  # Zheng et al. 2024: KERPLE/ALiBi bias + an MLP of (q·k/√D, bias) over heads, O(T²)
+    'mta': MultiTokenAttention,  # Golovneva et al. 2025: NoPE scores convolved over queries × keys, O(T²)
 }
 
 

@@ -1,0 +1,111 @@
+"""Multi-Token Attention's key-query convolution against the official code's steps."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest
+from absl.testing import parameterized
+from flax import nnx
+
+import attention_jax as aj
+from attention_jax.positional import mta
+
+
+def _official_mta_scores(q, k, theta, pad_key):
+  """NumPy transcription of `Attention._mta_convolution` (facebookresearch/RAM,
+  projects/mta/mta_transformer.py) on a causal pass: scores q·k/√D, masked
+  entries set to 0, padded by (c_q − 1, 0) on queries and by `pad_key` on
+  keys, then `F.conv2d` (a cross-correlation, groups = heads), then -inf above
+  the diagonal. q, k `[B, T, H, D]`, theta `[H, c_q, c_k]` -> `[B, H, T, T]`."""
+  b, t, h, d = q.shape
+  _, c_q, c_k = theta.shape
+  scores = np.einsum('bqhd,bkhd->bhqk', q, k) / np.sqrt(d)
+  future = np.triu(np.ones((t, t), bool), 1)
+  scores = np.where(future, 0.0, scores)
+  left = {'both': (c_k - 1) // 2, 'left': c_k - 1, 'right': 0}[pad_key]
+  padded = np.pad(scores, ((0, 0), (0, 0), (c_q - 1, 0), (left, c_k - 1 - left)))
+  out = np.zeros_like(scores)
+  for i in range(t):
+    for j in range(t):
+      out[:, :, i, j] = np.einsum('hrc,bhrc->bh', theta, padded[:, :, i:i + c_q, j:j + c_k])
+  return np.where(future, -np.inf, out)
+
+
+def _random(shape, key):
+  return np.asarray(jax.random.normal(jax.random.key(key), shape), np.float64)
+
+
+class KeyQueryConvolutionTest(chex.TestCase, parameterized.TestCase):
+
+  @parameterized.product(pad_key=('both', 'left', 'right'), kernel=((3, 5), (1, 1), (4, 3)))
+  def test_logits_equal_the_official_convolution(self, pad_key, kernel):
+    c_q, c_k = kernel
+    q, k = _random((2, 7, 3, 4), 0), _random((2, 7, 3, 4), 1)
+    theta = _random((3, c_q, c_k), 2)
+    enc = mta.MultiTokenAttention(3, c_q, c_k, pad_key)
+    enc.kernel[...] = jnp.asarray(theta, jnp.float32)
+    f32 = lambda a: jnp.asarray(a, jnp.float32)
+    bias = enc.score_contribution(aj.positional.ScoreContext(
+        q=f32(q), k=f32(k), q_positions=np.arange(7), k_positions=np.arange(7),
+        q_slots=np.arange(7), q_history=f32(q))).bias
+    logits = np.asarray(bias) + np.einsum('bqhd,bkhd->bhqk', q, k) / 2.0  # + the kernel's S
+    want = _official_mta_scores(q, k, theta, pad_key)
+    visible = np.isfinite(want)
+    np.testing.assert_allclose(logits[visible], want[visible], atol=2e-5)
+
+  def test_identity_kernel_is_plain_attention_bit_for_bit(self):
+    model = _lm('mta')
+    nope = _lm('none')
+    x = jax.random.randint(jax.random.key(3), (2, 10), 0, 11)
+    chex.assert_trees_all_equal(model(x), nope(x))
+
+  def test_causal_and_cached_decoding_equals_the_full_pass(self):
+    model = _lm('mta', query_kernel_size=3, key_kernel_size=5)
+    for block in model.blocks:  # a kernel away from the identity
+      theta = block.attention.positional.kernel
+      theta[...] = theta[...] + 0.3 * jax.random.normal(jax.random.key(4), theta.shape)
+    x = jax.random.randint(jax.random.key(5), (2, 9), 0, 11)
+    full = model(x)
+    later = x.at[:, 5:].set((x[:, 5:] + 1) % 11)
+    chex.assert_trees_all_close(model(later)[:, :5], full[:, :5], atol=1e-6)
+    cache = model.init_cache(2, 9)
+    steps = []
+    for t in range(9):
+      out, cache = model.extend(x[:, t:t + 1], cache, t)
+      steps.append(out)
+    chex.assert_trees_all_close(jnp.concatenate(steps, axis=1), full, atol=1e-5)
+    prompt, cache = model.extend(x[:, :6], model.init_cache(2, 9), 0)  # a prompt, then a step
+    rest, _ = model.extend(x[:, 6:], cache, 6)
+    chex.assert_trees_all_close(jnp.concatenate([prompt, rest], axis=1), full, atol=1e-5)
+
+  def test_the_kernel_is_trained(self):
+    model = _lm('mta', query_kernel_size=2, key_kernel_size=3)
+    x = jax.random.randint(jax.random.key(6), (2, 8), 0, 11)
+    grads = nnx.grad(lambda m: jnp.sum(jnp.sin(m(x))))(model)
+    for layer in range(2):
+      kernel = grads.blocks[layer].attention.positional.kernel[...]
+      self.assertGreater(float(jnp.abs(kernel).sum()), 0.0)
+
+  @parameterized.parameters(
+      (dict(query_kernel_size=0), r'query_kernel_size=0 must be an integer >= 1'),
+      (dict(key_kernel_size=4), r"key_kernel_size=4 must be odd with pad_key='both'"),
+      (dict(pad_key='centre'), r"pad_key='centre'; choose one of"),
+  )
+  def test_bad_options_are_clear_errors(self, options, message):
+    with self.assertRaisesRegex(ValueError, message):
+      aj.make_encoding('mta', d_model=16, num_heads=4, **options)
+
+  def test_bidirectional_attention_is_refused(self):
+    with self.assertRaisesRegex(ValueError, 'mta: the key-query convolution is causal'):
+      aj.make_encoding('mta', d_model=16, num_heads=4, causal=False)
+
+
+def _lm(encoding, **options):
+  return aj.TransformerLM(vocab_size=11, d_model=16, num_heads=4, num_layers=2, mlp_dim=32,
+                          encoding=encoding, max_positions=32, encoding_options=options,
+                          rngs=nnx.Rngs(0))
+
+
+if __name__ == '__main__':
+  absltest.main()
