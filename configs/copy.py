@@ -5,19 +5,22 @@ The default preset is the study `make experiment` runs on a 2-core CPU:
   python -m experiments.length_extrapolation --config=configs/copy.py \
       --workdir=runs/copy
 
-It trains 33 models (encodings none, sinusoidal, learned, rope, alibi,
-hard_alibi, learned_window, fire, fox, rope:coupled, windowed_rope:coupled ×
-seeds 0, 1, 2; the seeds of one encoding in one compiled program, two encodings side by
-side) on `copy` with inputs of length 1–8, evaluates every model at 15 input
-lengths from 1 to 64 (1–8, then 1.25×, 1.5×, 2×, 3×, 4×, 6×, 8× the training
-maximum) under teacher forcing and by greedy generation, evaluates the RoPE
-models again with three context extensions (rows rope+pi, rope+ntk,
-rope+yarn; the official YaRN), and writes results.csv, summary.md and
-extrapolation.png to the workdir. Expected: every encoding near 100% token
-accuracy in the training range; past it, the curves separate, and only
-windowed_rope:coupled copies 4× and 8× longer strings exactly; fire and
-learned_window get about 70% of strings right at 2× (see the README for a
-real run, its numbers and its wall time: 12 minutes on a 2-core CPU).
+It trains 36 models (encodings none, sinusoidal, learned, rope, alibi,
+hard_alibi, learned_window, fire, fox, rope:coupled, windowed_rope:coupled
+and the variant mta_lookup (VARIANTS below) × seeds 0, 1, 2; the seeds of
+one encoding in one compiled program, two encodings side by side) on `copy`
+with inputs of length 1–8, evaluates every model at 15 input lengths from 1
+to 64 (1–8, then 1.25×, 1.5×, 2×, 3×, 4×, 6×, 8× the training maximum) under
+teacher forcing and by greedy generation, evaluates the RoPE models again
+with three context extensions (rows rope+pi, rope+ntk, rope+yarn; the
+official YaRN), and writes results.csv, ceiling.csv (the k-gram ceiling of
+the evaluation strings), summary.md and extrapolation.png to the workdir.
+Expected: every encoding near 100% token accuracy in the training range;
+past it, the curves separate: windowed_rope:coupled (told where to look by
+coupled position ids) copies 4× and 8× longer strings exactly, mta_lookup
+(told nothing) about 94% of them at 4×; fire and learned_window get about
+70% of strings right at 2× (see the README for a real run, its numbers and
+its wall time: about 14 minutes on a 2-core CPU).
 
 One model: `python -m experiments.train --config=configs/copy.py:encoding=rope
 --workdir=runs/one`. Presets by `:arg`, comma-separated `key=value`:
@@ -57,7 +60,7 @@ import ml_collections
 # and windowed (ours: the one that generalizes).
 ENCODINGS = ('none', 'sinusoidal', 'learned', 'rope', 'alibi', 'hard_alibi',
              'learned_window', 'fire', 'fox', 'rope:coupled', 'windowed_rope:coupled',
-             'ngram_lookup')
+             'mta_lookup')
 # Every encoding of the project (`:size=all`): the above, the research
 # relative biases and randomized positions.
 # The 2024-25 methods (`:size=frontier`): FIRE, CoPE, xPos, p-RoPE, forgetting
@@ -67,16 +70,27 @@ STICK_BREAKING = '+stick_breaking'  # the suffix (attention_jax.lab.models.STICK
 FRONTIER = ('fire', 'cope', 'xpos', 'p_rope', 'fox', 'dape', 'none+stick_breaking')
 # Named variants of the default model (study.variants): a study entry (or
 # `:encoding=NAME`) naming one trains the default model with these fields
-# replaced, labelled NAME. ngram_lookup (ours) copies by content alone: in every
-# layer four heads each read exactly one earlier token (1, 2, 3, 4 back: a hard
-# window of width 1 at that offset, Hard-ALiBi's windows shifted), so every
-# position holds its last five tokens in order, and four NoPE heads look that
-# 5-gram up anywhere; scalable softmax keeps the lookup sharp at lengths past
-# training. No coupling, no position ids: nothing tells it where to look.
+# replaced, labelled NAME. Two that copy by content alone (no coupling, no
+# position ids: nothing tells them where to look; see the README):
+# * mta_lookup: Multi-Token Attention's key-query convolution (positional/mta.py)
+#   on NoPE scores, reading this query and the 5 before it × this key and the 5
+#   before it (pad_key='left': no later key), so one weight matches the last
+#   few tokens against the few before a key: an n-gram lookup in one head.
+#   Heads 32 wide (d_model 128, 4 heads): 94.1% exact at 4× with them, 83.2%
+#   at d_model 64 (seed 0); AdamW at 1e-3, as 3e-3 diverged at d_model 128.
+# * ngram_lookup: Hard-ALiBi's windows shifted (hard_alibi offsets): four heads
+#   each read exactly one earlier token (1 … 4 back), so every position holds
+#   its last five tokens in order, and a fifth, NoPE head looks them up;
+#   scalable softmax. It matches four tokens in one dot product, so its head
+#   width decides: 81% at 4× with 32 (d_model 160), 87% with 64 (seed 0).
+_MTA_LOOKUP = dict(encoding='mta', d_model=128, mlp_dim=512, encoding_options=dict(
+    mta=dict(query_kernel_size=6, key_kernel_size=6, pad_key='left')))
+_NGRAM_LOOKUP = dict(encoding='hard_alibi', num_heads=5, d_model=160, mlp_dim=640,
+                     scalable_softmax=0.4, encoding_options=dict(
+                         hard_alibi=dict(widths=(1, 1, 1, 1), offsets=(1, 2, 3, 4))))
 VARIANTS = {
-    'ngram_lookup': dict(model=dict(
-        encoding='hard_alibi', num_heads=8, scalable_softmax=0.4,
-        encoding_options=dict(hard_alibi=dict(widths=(1, 1, 1, 1), offsets=(1, 2, 3, 4))))),
+    'mta_lookup': dict(model=_MTA_LOOKUP, train=dict(learning_rate=1e-3)),
+    'ngram_lookup': dict(model=_NGRAM_LOOKUP, train=dict(learning_rate=1e-3)),
 }
 ALL_ENCODINGS = ENCODINGS + ('t5', 'kerple', 'learned:randomized', 'rope:randomized') + tuple(
     e for e in FRONTIER if e not in ENCODINGS)
@@ -200,6 +214,14 @@ def get_config(arg=None):
   # DAPE (Zheng et al. 2024, positional/dape.py): scores get B + f(q·k/√D, B), B a
   # base bias, f an MLP 2H → mlp_width → H (LeakyReLU) at every (i, j), over the heads.
   # O(T²): dense kernel only. One MLP (and KERPLE's p, a) per layer.
+  # Multi-Token Attention (Golovneva et al. 2025, positional/mta.py): NoPE scores
+  # convolved over this query and c_q − 1 before it × c_k keys around each key, a
+  # learned kernel per head and layer starting as the identity. O(T²): dense only.
+  c.model.encoding_options.mta = ml_collections.ConfigDict(dict(
+      query_kernel_size=6,  # c_q (the official configs' 6)
+      key_kernel_size=11,  # c_k (official 11; odd with pad_key='both')
+      pad_key='both',  # keys read: 'both' (j − 5 … j + 5 for 11, official) | 'left' (earlier) | 'right'
+  ))
   c.model.encoding_options.dape = ml_collections.ConfigDict(dict(
       base='kerple',  # the bias B: 'kerple' (−p·log(1 + a·|i − j|), learned) | 'alibi' (fixed slopes)
       mlp_width=32,  # hidden units of f (the official configs' mlp_width)

@@ -49,16 +49,22 @@ class StudyVariantsTest(chex.TestCase):
                                              r'config has no such field'):
       validate_config(c, study=True)
 
-  def test_the_presets_variant_is_one_run_or_a_study_entry(self):
-    one = copy_config.get_config('encoding=ngram_lookup')
-    validate_config(one)
-    validate_config(one, study=True)
-    self.assertEqual((one.model.encoding, one.model.variant, one.model.num_heads),
-                     ('hard_alibi', 'ngram_lookup', 8))
+  def test_the_presets_variants_are_one_run_or_a_study_entry(self):
+    for name, encoding, heads, width in (('mta_lookup', 'mta', 4, 128),
+                                         ('ngram_lookup', 'hard_alibi', 5, 160)):
+      one = copy_config.get_config(f'encoding={name}')
+      validate_config(one)
+      validate_config(one, study=True)
+      self.assertEqual((one.model.encoding, one.model.variant, one.model.num_heads,
+                        one.model.d_model, one.train.learning_rate),
+                       (encoding, name, heads, width, 1e-3))
     default = copy_config.get_config()
-    self.assertIn('ngram_lookup', default.study.encodings)
-    run = next(r for r in run_configs(default) if run_label(r) == 'ngram_lookup')
+    self.assertIn('mta_lookup', default.study.encodings)
+    run = next(r for r in run_configs(default) if run_label(r) == 'mta_lookup')
+    one = copy_config.get_config('encoding=mta_lookup')
     self.assertEqual(run.model.to_dict(), one.model.to_dict())  # the same model either way
+    self.assertEqual(run.train.to_dict(), one.train.to_dict())
+    self.assertEqual(run.model.encoding_options.mta.pad_key, 'left')
 
   def test_a_study_with_a_variant_writes_its_rows_and_the_ceiling(self):
     workdir = tempfile.mkdtemp()
@@ -76,6 +82,11 @@ class StudyVariantsTest(chex.TestCase):
       summary = f.read()
     self.assertIn("The task's own ceiling", summary)
     self.assertIn('| wide | 1 |', summary)
+    # A later sweep of another entry on the same workdir keeps the variant's rows.
+    later = _tiny_with_variant()
+    later.study.encodings = ('alibi',)
+    rows = run_study(later, workdir, log=lambda _: None)
+    self.assertEqual({r['encoding'] for r in rows}, {'alibi', 'wide'})
 
 
 if __name__ == '__main__':

@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 import ml_collections
 
 from attention_jax.lab import identity
+from attention_jax.lab import models
 from attention_jax.lab import results
 from attention_jax.lab import tasks
 from attention_jax.lab.evaluate import ambiguity
@@ -41,6 +42,9 @@ def other_runs(workdir: str, config: ml_collections.ConfigDict, dirs: list[str])
     for key in identity.RUN_KEYS:  # that run's place in a sweep, the rest from this config
       section, field = key.split('.')
       candidate[section][field] = stored[section][field]
+    variant = stored['model'].get('variant')
+    if variant and variant in models.study_variants(config):  # its fields, from this config
+      models.apply_variant(candidate, variant)
     diffs = identity.differences(stored, candidate)
     found = None if diffs else identity.evaluated_rows(run_dir, candidate)
     if diffs:
