@@ -136,7 +136,8 @@ def _score_spec(mha, x, kv_lengths):
   features = mha.positional.token_features(x)
   return mha.positional.score_contribution(aj.ScoreContext(
       q=q, k=k, q_positions=positions, k_positions=positions, q_slots=positions,
-      q_features=features, k_features=features, kv_lengths=kv_lengths))
+      q_features=features, k_features=features, kv_lengths=kv_lengths,
+      q_history=q if mha.positional.reads_query_history else None))
 
 
 class ModuleImplementationTest(parameterized.TestCase):
