@@ -12,7 +12,7 @@ import attention_jax as aj
 from attention_jax.positional import mta
 
 
-def _official_mta_scores(q, k, theta, pad_key):
+def _official_mta_scores(q, k, theta, pad_key, hidden=None):
   """NumPy transcription of `Attention._mta_convolution` (facebookresearch/RAM,
   projects/mta/mta_transformer.py) on a causal pass: scores q·k/√D, masked
   entries set to 0, padded by (c_q − 1, 0) on queries and by `pad_key` on
@@ -22,6 +22,8 @@ def _official_mta_scores(q, k, theta, pad_key):
   _, c_q, c_k = theta.shape
   scores = np.einsum('bqhd,bkhd->bhqk', q, k) / np.sqrt(d)
   future = np.triu(np.ones((t, t), bool), 1)
+  if hidden is not None:  # a mask (True = attend) on top of the causal one
+    future = future | ~hidden
   scores = np.where(future, 0.0, scores)
   left = {'both': (c_k - 1) // 2, 'left': c_k - 1, 'right': 0}[pad_key]
   padded = np.pad(scores, ((0, 0), (0, 0), (c_q - 1, 0), (left, c_k - 1 - left)))
@@ -78,6 +80,25 @@ class KeyQueryConvolutionTest(chex.TestCase, parameterized.TestCase):
     prompt, cache = model.extend(x[:, :6], model.init_cache(2, 9), 0)  # a prompt, then a step
     rest, _ = model.extend(x[:, 6:], cache, 6)
     chex.assert_trees_all_close(jnp.concatenate([prompt, rest], axis=1), full, atol=1e-5)
+
+  def test_a_caller_mask_hides_from_earlier_queries_what_it_hides_from_them(self):
+    mha = aj.MultiHeadAttention(16, 2, encoding='mta', rngs=nnx.Rngs(0),
+                                encoding_options=dict(query_kernel_size=3, key_kernel_size=3))
+    theta = mha.positional.kernel
+    theta[...] = theta[...] + 0.5 * jax.random.normal(jax.random.key(7), theta.shape)
+    x = jax.random.normal(jax.random.key(8), (2, 7, 16))
+    chex.assert_trees_all_close(mha(x, mask=aj.causal_mask(7)), mha(x), atol=1e-6)
+    # Key 2 hidden from every query: as if its scores were never there.
+    hidden = jnp.ones((7, 7), bool).at[:, 2].set(False) & aj.causal_mask(7)
+    bias = mha.positional.score_contribution(aj.positional.ScoreContext(
+        q=mha.W_Q(x), k=mha.W_K(x), q_positions=np.arange(7), k_positions=np.arange(7),
+        q_slots=np.arange(7), q_history=mha.W_Q(x), mask=hidden[None, None])).bias
+    q, k = np.asarray(mha.W_Q(x), np.float64), np.asarray(mha.W_K(x), np.float64)
+    want = _official_mta_scores(q, k, np.asarray(theta[...], np.float64), 'both',
+                                hidden=np.asarray(hidden))
+    logits = np.asarray(bias) + np.einsum('bqhd,bkhd->bhqk', q, k) / np.sqrt(8)
+    visible = np.broadcast_to(np.asarray(hidden), logits.shape)
+    np.testing.assert_allclose(logits[visible], want[visible], atol=2e-5)
 
   def test_the_kernel_is_trained(self):
     model = _lm('mta', query_kernel_size=2, key_kernel_size=3)

@@ -50,21 +50,21 @@ class StudyVariantsTest(chex.TestCase):
       validate_config(c, study=True)
 
   def test_the_presets_variants_are_one_run_or_a_study_entry(self):
-    for name, encoding, heads, width in (('mta_lookup', 'mta', 4, 128),
-                                         ('ngram_lookup', 'hard_alibi', 5, 160)):
+    for name, encoding, heads, width, lr in (('mta_lookup', 'mta', 4, 64, 3e-3),
+                                             ('ngram_lookup', 'hard_alibi', 5, 160, 1e-3)):
       one = copy_config.get_config(f'encoding={name}')
       validate_config(one)
       validate_config(one, study=True)
       self.assertEqual((one.model.encoding, one.model.variant, one.model.num_heads,
                         one.model.d_model, one.train.learning_rate),
-                       (encoding, name, heads, width, 1e-3))
+                       (encoding, name, heads, width, lr))
     default = copy_config.get_config()
     self.assertIn('mta_lookup', default.study.encodings)
     run = next(r for r in run_configs(default) if run_label(r) == 'mta_lookup')
     one = copy_config.get_config('encoding=mta_lookup')
     self.assertEqual(run.model.to_dict(), one.model.to_dict())  # the same model either way
     self.assertEqual(run.train.to_dict(), one.train.to_dict())
-    self.assertEqual(run.model.encoding_options.mta.pad_key, 'left')
+    self.assertEqual((run.model.encoding_options.mta.pad_key, run.model.num_layers), ('left', 1))
 
   def test_a_study_with_a_variant_writes_its_rows_and_the_ceiling(self):
     workdir = tempfile.mkdtemp()

@@ -115,6 +115,20 @@ def study_entry(entry: str) -> tuple[str, Optional[str]]:
   return entry, None
 
 
+def run_label(config: ml_collections.ConfigDict) -> str:
+  """What results.csv's `encoding` column says: the encoding of a transformer
+  (`NAME:randomized` with randomized positions) or the name of its
+  `study.variants` entry (`model.variant`), the model kind ('seq2seq',
+  'seq2seq_attention') of anything else."""
+  if config.model.kind != 'transformer':
+    return config.model.kind
+  if config.model.get('variant'):
+    return config.model.variant
+  if config.model.get('normalization', 'softmax') == 'stick_breaking':
+    return config.model.encoding + STICK_BREAKING_SUFFIX
+  return config.model.encoding
+
+
 def study_variants(config: ml_collections.ConfigDict) -> dict:
   """`config.study.variants` as a plain dict (empty in older configs): a
   study entry naming one trains that variant of the model (`apply_variant`)."""

@@ -31,6 +31,7 @@ from attention_jax.lab.evaluate import eval_lengths
 from attention_jax.lab.evaluate import evaluate_models
 from attention_jax.lab.evaluate import rope_scaled
 from attention_jax.lab import models
+from attention_jax.lab.models import run_label  # the label results.csv and run folders use
 from attention_jax.positional import RopeScaling
 from attention_jax.lab.timing import Stopwatch
 from attention_jax.lab.timing import describe
@@ -231,20 +232,6 @@ def config_hash(config: ml_collections.ConfigDict) -> str:
   fields.pop('train.seed', None)
   text = json.dumps(fields, sort_keys=True, default=str)
   return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-def run_label(config: ml_collections.ConfigDict) -> str:
-  """What results.csv's `encoding` column says: the encoding of a transformer
-  (`NAME:randomized` with randomized positions) or the name of its
-  `study.variants` entry (`model.variant`), the model kind ('seq2seq',
-  'seq2seq_attention') of anything else."""
-  if config.model.kind != 'transformer':
-    return config.model.kind
-  if config.model.get('variant'):
-    return config.model.variant
-  if config.model.get('normalization', 'softmax') == 'stick_breaking':
-    return config.model.encoding + models.STICK_BREAKING_SUFFIX
-  return config.model.encoding
 
 
 def evaluation_variants(config: ml_collections.ConfigDict) -> list[tuple[str, Optional[RopeScaling]]]:

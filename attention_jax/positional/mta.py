@@ -35,7 +35,8 @@ Cost: c_q score matrices `[B, H, T_q, T_k]` and c_q · c_k shifted copies:
 O(T²) by nature, dense kernel only (a `DenseBias`). Cached decoding reads
 the queries of the c_q − 1 slots before each query from the cache
 (`reads_query_history`), so it gives the bias of the full pass. Causal
-self-attention only, with no sliding window or caller mask.
+self-attention only; a sliding window, padding and a caller's mask (over
+every slot) hide from each earlier query's row what they hide from it.
 """
 
 from typing import Optional
@@ -81,7 +82,9 @@ def _shift_keys(scores: jnp.ndarray, shift: int) -> jnp.ndarray:
 
 def key_query_convolution(theta: jnp.ndarray, q_history: jnp.ndarray, k: jnp.ndarray,
                           q_slots, *, pad_key: str = 'both',
-                          kv_lengths: Optional[jnp.ndarray] = None) -> jnp.ndarray:
+                          kv_lengths: Optional[jnp.ndarray] = None,
+                          window: Optional[int] = None,
+                          mask: Optional[jnp.ndarray] = None) -> jnp.ndarray:
   """S' of the module docstring for the queries at `q_slots`.
 
   Args:
@@ -91,6 +94,9 @@ def key_query_convolution(theta: jnp.ndarray, q_history: jnp.ndarray, k: jnp.nda
     q_slots: int `[T_q]`, the slots of the queries scored.
     pad_key: 'both' | 'left' | 'right'.
     kv_lengths: int `[B]`: keys at index >= kv_lengths[b] are padding.
+    window: a sliding window (slot - key < window), or None.
+    mask: a caller's boolean mask `[B|1, H|1, T_k, T_k]` over slots × keys (a
+      full pass: each earlier query's row is read from it), or None.
 
   Returns:
     float32 `[B, H, T_q, T_k]`.
@@ -105,7 +111,11 @@ def key_query_convolution(theta: jnp.ndarray, q_history: jnp.ndarray, k: jnp.nda
     rows = slots - (c_q - 1 - r)  # the earlier query this kernel row reads
     q_rows = jnp.take(q_history, jnp.clip(rows, 0, t_k - 1), axis=1)
     visible = (keys <= rows[:, None]) & (rows[:, None] >= 0)  # [T_q, T_k]
+    if window is not None:
+      visible = visible & (rows[:, None] - keys < window)
     visible = visible[None, None]
+    if mask is not None:
+      visible = visible & jnp.take(mask, jnp.clip(rows, 0, t_k - 1), axis=-2)
     if kv_lengths is not None:
       visible = visible & (keys < jnp.asarray(kv_lengths)[:, None])[:, None, None, :]
     scores = jnp.where(visible, dape_scores(q_rows, k), 0.0)  # [B, H, T_q, T_k]
@@ -157,10 +167,12 @@ class MultiTokenAttention(PositionalEncoding):
     if context.q_slots is None or context.q_history is None:
       raise ValueError('mta: needs causal self-attention (queries that are keys, and their '
                        'history); cross-attention is not supported.')
-    if context.window is not None or context.mask is not None:
-      raise ValueError('mta: a sliding window or a caller mask is not supported (the '
-                       'convolution would read scores they hide).')
+    if context.mask is not None and context.mask.shape[-2] != context.k.shape[1]:
+      raise ValueError(f'mta: a caller mask must cover every slot (rows = keys = '
+                       f'{context.k.shape[1]}), got {context.mask.shape}: the convolution '
+                       'reads the rows of earlier queries.')
     convolved = key_query_convolution(
         self.kernel[...], context.q_history, context.k, context.q_slots,
-        pad_key=self.pad_key, kv_lengths=context.kv_lengths)
+        pad_key=self.pad_key, kv_lengths=context.kv_lengths, window=context.window,
+        mask=context.mask)
     return DenseBias(convolved - dape_scores(context.q, context.k), origin=ORIGIN)

@@ -165,9 +165,7 @@ def run_name(configs: list[ml_collections.ConfigDict]) -> str:
   config (not its folder): 'TASK/LABEL seedN', or 'seeds 0,1,2' for the
   stacked seeds of one setup; LABEL as in results.csv's encoding column."""
   c = configs[0]
-  label = c.model.encoding if c.model.kind == 'transformer' else c.model.kind
-  if c.model.kind == 'transformer' and c.model.get('normalization') == 'stick_breaking':
-    label += models.STICK_BREAKING_SUFFIX
+  label = models.run_label(c)
   seeds = ','.join(str(x.train.seed) for x in configs)
   return f"{c.task.name}/{label} seed{'s ' if len(configs) > 1 else ''}{seeds}"
 
