@@ -66,6 +66,15 @@ class StudyVariantsTest(chex.TestCase):
     self.assertEqual(run.train.to_dict(), one.train.to_dict())
     self.assertEqual((run.model.encoding_options.mta.pad_key, run.model.num_layers), ('left', 1))
 
+  def test_a_variant_preset_with_other_entries_is_refused(self):
+    # `:encoding=mta_lookup` makes the base config that variant: another entry
+    # would start from it (one layer, its kernel) instead of the default model.
+    c = copy_config.get_config('encoding=mta_lookup')
+    c.study.encodings = ('mta_lookup', 'ngram_lookup')
+    with self.assertRaisesRegex(ConfigError, r"model.variant='mta_lookup' .* sweep them "
+                                             r'from the plain preset'):
+      validate_config(c, study=True)
+
   def test_a_study_with_a_variant_writes_its_rows_and_the_ceiling(self):
     workdir = tempfile.mkdtemp()
     rows = run_study(_tiny_with_variant(), workdir, log=lambda _: None)

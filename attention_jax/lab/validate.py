@@ -238,6 +238,13 @@ def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -
            "--config.study.encodings=\"('rope','alibi')\".")
   specs, parsed = [], []
   variants = study_variants(config) if study else {}
+  own = m.get('variant')
+  if study and own and any(e != own for e in entries):
+    raise ConfigError(
+        f'invalid config: model.variant={own!r} (a variant preset such as '
+        f'configs/copy.py:encoding={own}) makes every run of the sweep start from that '
+        f'variant, but study.encodings={tuple(entries)!r} has other entries; sweep them from '
+        f'the plain preset: --config=configs/copy.py --config.study.encodings=...')
   for entry in entries:
     if entry in variants:  # checked as its runs' configs (run_study validates each)
       asked = ml_collections.ConfigDict(config.to_dict())
