@@ -9,7 +9,10 @@ restored from its final checkpoint (never trained: a missing or unfinished
 run is an error naming it). Writes into --workdir attention_maps_ENCODING.png
 (every layer and head, one copy example at L_train and at 4 × L_train) and
 attention_entropy.png (entropy vs query position at 4 × L_train, one line per
-encoding). About a minute on 2 CPU cores once the study has run.
+encoding), and failures.md / failures.csv: for every seed at L_train, 2×, 4×
+and 8× L_train, how the evaluation strings fail (an ambiguity, i.e. a
+repeated k-gram; an early or a missed EOS; drift), beside their 3- and 4-gram
+ceilings. About a minute or two on 2 CPU cores once the study has run.
 """
 
 from absl import app
