@@ -267,6 +267,10 @@ def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -
       text = str(e)
       if spec.partition(':')[0] not in ENCODINGS:
         text = text.rstrip('.') + IMPORTS_HINT + '.'
+      named = sorted(study_variants(config))
+      if named:  # a misspelt variant reads like a misspelt encoding
+        text += (f' Named variants ({", ".join(named)}) are study entries, or presets: '
+                 f'configs/copy.py:encoding={named[0]}.')
       raise ConfigError(f'invalid config: {key}: {text}{suffix}') from None
   _check_encoding_options(m.get('encoding_options'))
   _check_normalization(m)  # before kernel_refusal, which asks the table about it
