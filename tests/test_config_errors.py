@@ -163,7 +163,8 @@ class ValidateTest(parameterized.TestCase):
       ('unknown_encoding', dict(study__encodings=('myenc',)),
        r"bad encoding 'myenc'.*\['alibi', .*'xpos'\]; your own encoding: register it with "
        r'attention_jax.register_encoding in a module and name that module in '
-       r'--config.imports=my_module\. \(a study entry'),
+       r'--config.imports=my_module\. Named variants \(mta_lookup, ngram_lookup\) are study '
+       r'entries, or presets: configs/copy.py:encoding=mta_lookup\. \(a study entry'),
       ('unknown_options_group', dict(model__encoding_options={'myenc': {'x': 1}}),
        r"model.encoding_options has 'myenc'; allowed: .*--config.imports=my_module\.$"),
   )
