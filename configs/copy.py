@@ -28,7 +28,8 @@ One model: `python -m experiments.train --config=configs/copy.py:encoding=rope
   encoding=NAME  the encoding (train.py) / the only encoding swept
               (length_extrapolation.py): a registry name (none, sinusoidal,
               learned, rope, alibi, t5, kerple, hard_alibi, learned_window,
-              windowed_rope, fire, cope, xpos, p_rope, fox, dape), optionally
+              windowed_rope, fire, cope, xpos, p_rope, fox, dape, mta), or a
+              variant's name (mta_lookup, ngram_lookup: VARIANTS below), optionally
               NAME:randomized (Ruoss et al. 2023) or NAME:coupled (position
               coupling, Cho et al. 2024), and SPEC+stick_breaking for
               stick-breaking attention (model.normalization)
@@ -40,9 +41,10 @@ One model: `python -m experiments.train --config=configs/copy.py:encoding=rope
               head RoPE + a window |Δid| <= 2 on coupled position ids + a
               sink at id 0; measured 100.0 ± 0.0% exact match at 4× and at
               8× L_train, 3 seeds, 3 min for the whole study) | all (every
-              encoding of ALL_ENCODINGS on copy, reverse and duplicate: 180
-              runs, about 113 minutes on the 2-core CPU, measured in two
-              parts (the 117 older runs 77 minutes, the frontier's 36);
+              encoding of ALL_ENCODINGS on copy, reverse and duplicate: 189
+              runs; the 180 before mta_lookup joined about 113 minutes on the
+              2-core CPU, measured in two parts (the 117 older runs 77
+              minutes, the frontier's 36; mta_lookup's 9: 11 minutes);
               windowed_rope:coupled 100.0 ± 0.0% exact at 4× and 8× on all
               three tasks; see the README) | frontier (FRONTIER only, the
               2024-25 methods, on the three tasks: 63 runs, 36 minutes;
