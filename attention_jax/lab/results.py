@@ -179,14 +179,19 @@ def comparison_markdown(rows_a: Sequence[dict], rows_b: Sequence[dict], *,
 CEILING_FIELDS = ('task', 'length', 'k', 'unambiguous')
 
 
-def write_ceiling(path: str, rows: Iterable[dict]) -> None:
-  """`ambiguity.ceiling_rows`' rows to `path` (CSV), atomically."""
+def write_table(path: str, fields: Sequence[str], rows: Iterable[dict]) -> None:
+  """`rows` (dicts holding at least `fields`) to `path` as CSV, atomically."""
   tmp = path + '.tmp'
   with open(tmp, 'w', newline='') as f:
-    writer = csv.DictWriter(f, fieldnames=CEILING_FIELDS, lineterminator='\n')
+    writer = csv.DictWriter(f, fieldnames=fields, lineterminator='\n')
     writer.writeheader()
-    writer.writerows({k: row[k] for k in CEILING_FIELDS} for row in rows)
+    writer.writerows({k: row[k] for k in fields} for row in rows)
   os.replace(tmp, path)
+
+
+def write_ceiling(path: str, rows: Iterable[dict]) -> None:
+  """`ambiguity.ceiling_rows`' rows to `path` (CSV), atomically."""
+  write_table(path, CEILING_FIELDS, rows)
 
 
 def ceiling_markdown(rows: Sequence[dict], train_max: int) -> str:
@@ -225,12 +230,7 @@ FAILURE_FIELDS = ('task', 'encoding', 'seed', 'length', 'exact', 'ambiguity', 'e
 
 def write_failures(path: str, rows: Iterable[dict]) -> None:
   """`evaluate.failure_rows`' rows (with task, encoding, seed) to `path`, atomically."""
-  tmp = path + '.tmp'
-  with open(tmp, 'w', newline='') as f:
-    writer = csv.DictWriter(f, fieldnames=FAILURE_FIELDS, lineterminator='\n')
-    writer.writeheader()
-    writer.writerows({k: row[k] for k in FAILURE_FIELDS} for row in rows)
-  os.replace(tmp, path)
+  write_table(path, FAILURE_FIELDS, rows)
 
 
 def failures_markdown(rows: Sequence[dict], train_max: int) -> str:

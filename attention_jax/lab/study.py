@@ -26,13 +26,12 @@ from attention_jax.lab import identity
 from attention_jax.lab import locks
 from attention_jax.lab import outputs
 from attention_jax.lab import results
-from attention_jax.lab import tasks
 from attention_jax.lab.evaluate import eval_lengths
 from attention_jax.lab.evaluate import evaluate_models
 from attention_jax.lab.evaluate import rope_scaled
+from attention_jax.lab.evaluate.context_extension import evaluation_variants
 from attention_jax.lab import models
 from attention_jax.lab.models import run_label  # the label results.csv and run folders use
-from attention_jax.positional import RopeScaling
 from attention_jax.lab.timing import Stopwatch
 from attention_jax.lab.timing import describe
 from attention_jax.lab.timing import locked
@@ -232,21 +231,6 @@ def config_hash(config: ml_collections.ConfigDict) -> str:
   fields.pop('train.seed', None)
   text = json.dumps(fields, sort_keys=True, default=str)
   return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-def evaluation_variants(config: ml_collections.ConfigDict) -> list[tuple[str, Optional[RopeScaling]]]:
-  """(label, RoPE scaling) per evaluation of a trained model: the model as
-  trained, then, for plain 'rope' models, each of `config.eval.rope_scalings`
-  (label 'rope+METHOD'), with factor `config.eval.rope_scale_factor` (0: longest
-  evaluated / longest training sequence) and L the longest training sequence."""
-  variants = [(run_label(config), None)]
-  if config.model.kind == 'transformer' and config.model.encoding == 'rope':
-    train_tokens = tasks.tokens_read(tasks.get_task(config.task.name),
-                                     config.task.train_max_length)
-    factor = config.eval.rope_scale_factor or models.longest_sequence(config) / train_tokens
-    for method in config.eval.rope_scalings:
-      variants.append((f'rope+{method}', RopeScaling(method, factor, train_tokens)))
-  return variants
 
 
 def run_configs(config: ml_collections.ConfigDict) -> list[ml_collections.ConfigDict]:

@@ -106,7 +106,7 @@ def key_query_convolution(theta: jnp.ndarray, q_history: jnp.ndarray, k: jnp.nda
   left = left_padding(c_k, pad_key)
   slots = jnp.asarray(q_slots, jnp.int32)
   keys = jnp.arange(t_k, dtype=jnp.int32)[None, :]
-  out = 0.0
+  out = jnp.zeros((q_history.shape[0], h, slots.shape[0], t_k), jnp.float32)
   for r in range(c_q):
     rows = slots - (c_q - 1 - r)  # the earlier query this kernel row reads
     q_rows = jnp.take(q_history, jnp.clip(rows, 0, t_k - 1), axis=1)
@@ -121,7 +121,7 @@ def key_query_convolution(theta: jnp.ndarray, q_history: jnp.ndarray, k: jnp.nda
     scores = jnp.where(visible, dape_scores(q_rows, k), 0.0)  # [B, H, T_q, T_k]
     for c in range(c_k):
       out = out + theta[None, :, r, c, None, None] * _shift_keys(scores, c - left)
-  return jnp.broadcast_to(out, (q_history.shape[0], h, slots.shape[0], t_k))
+  return out
 
 
 class MultiTokenAttention(PositionalEncoding):

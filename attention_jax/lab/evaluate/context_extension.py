@@ -9,8 +9,11 @@ the evaluation then compiles its own program, and the model is restored after.
 import contextlib
 from typing import Iterator, Optional
 
+import ml_collections
 from flax import nnx
 
+from attention_jax.lab import models
+from attention_jax.lab import tasks
 from attention_jax.positional.rope import RoPE
 from attention_jax.positional.rope import RopeScaling
 
@@ -40,3 +43,18 @@ def rope_scaled(model: nnx.Module, scaling: Optional[RopeScaling]) -> Iterator[n
   finally:
     for m, s in zip(modules, saved):
       m.scaling = s
+
+
+def evaluation_variants(config: ml_collections.ConfigDict) -> list[tuple[str, Optional[RopeScaling]]]:
+  """(label, RoPE scaling) per evaluation of a trained model: the model as
+  trained, then, for plain 'rope' models, each of `config.eval.rope_scalings`
+  (label 'rope+METHOD'), with factor `config.eval.rope_scale_factor` (0: longest
+  evaluated / longest training sequence) and L the longest training sequence."""
+  variants = [(models.run_label(config), None)]
+  if config.model.kind == 'transformer' and config.model.encoding == 'rope':
+    train_tokens = tasks.tokens_read(tasks.get_task(config.task.name),
+                                     config.task.train_max_length)
+    factor = config.eval.rope_scale_factor or models.longest_sequence(config) / train_tokens
+    for method in config.eval.rope_scalings:
+      variants.append((f'rope+{method}', RopeScaling(method, factor, train_tokens)))
+  return variants
