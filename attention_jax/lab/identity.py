@@ -32,6 +32,7 @@ import ml_collections
 from flax import nnx
 
 from attention_jax.lab import models
+from attention_jax.lab.models import flatten
 from attention_jax.lab import results
 from attention_jax.lab.validate import ConfigError
 
@@ -67,17 +68,6 @@ class RunMismatch(ConfigError):
   def __init__(self, problem: str, hint: str = HINT):
     super().__init__(f'{problem}; {hint}')
     self.problem = problem
-
-
-def flatten(tree, prefix: str = '') -> dict:
-  """{'a': {'b': 1}} -> {'a.b': 1}."""
-  out = {}
-  for key, value in tree.items():
-    if isinstance(value, dict):
-      out.update(flatten(value, f'{prefix}{key}.'))
-    else:
-      out[f'{prefix}{key}'] = value
-  return out
 
 
 def _normalized(value):

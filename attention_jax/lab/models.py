@@ -136,12 +136,12 @@ def study_variants(config: ml_collections.ConfigDict) -> dict:
   return variants.to_dict() if variants else {}
 
 
-def _flat(tree: dict, prefix: str = '') -> dict:
-  """{'a': {'b': 1}} -> {'a.b': 1}."""
+def flatten(tree, prefix: str = '') -> dict:
+  """{'a': {'b': 1}} -> {'a.b': 1} (an empty group has no fields)."""
   out = {}
   for key, value in tree.items():
-    if isinstance(value, dict) and value:
-      out.update(_flat(value, f'{prefix}{key}.'))
+    if isinstance(value, dict):
+      out.update(flatten(value, f'{prefix}{key}.'))
     else:
       out[f'{prefix}{key}'] = value
   return out
@@ -154,7 +154,7 @@ def apply_variant(config: ml_collections.ConfigDict, name: str) -> None:
   the run's label and directory are the variant's. A field the config does
   not have is a ValueError naming it (an encoding's options may be new)."""
   variant = study_variants(config)[name]
-  for key, value in _flat(variant).items():
+  for key, value in flatten(variant).items():
     section = key.partition('.')[0]
     if section not in ('model', 'task', 'train'):
       raise ValueError(f'study.variants.{name}.{key}: a variant sets model, task and train '
