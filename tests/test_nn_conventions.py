@@ -190,6 +190,87 @@ class CacheOverflowTest(chex.TestCase):
       check_cache(cache)
 
 
+class FlaxParamsTest(chex.TestCase, parameterized.TestCase):
+  """`nn.from_flax` / `nn.to_flax` against a real `flax.nnx.MultiHeadAttention`."""
+
+  @parameterized.product(use_bias=(True, False), dtype=(jnp.float32, jnp.bfloat16),
+                         num_kv_heads=(None, 1))
+  def test_converted_parameters_give_flax_outputs(self, use_bias, dtype, num_kv_heads):
+    sizes = dict(num_heads=H, in_features=D, num_kv_heads=num_kv_heads, use_bias=use_bias,
+                 dtype=dtype, param_dtype=dtype)
+    flax_mha = nnx.MultiHeadAttention(**sizes, decode=False, rngs=nnx.Rngs(1))
+    ours = aj.MultiHeadAttention(**sizes, causal=False, rngs=nnx.Rngs(0))
+    other = aj.MultiHeadAttention(**sizes, causal=False, rngs=nnx.Rngs(2))
+    for name in ('query', 'key', 'value', 'out') if use_bias else ():  # biases start at 0
+      bias = getattr(flax_mha, name).bias
+      bias[...] = _x(bias.shape, dtype, seed=3)
+    params = lambda m: [v[...] for _, v in nnx.to_flat_state(nnx.state(m, nnx.Param))]
+    count = lambda m: sum(p.size for p in params(m))
+    self.assertEqual(count(ours), count(flax_mha))
+    x, tol = _x(dtype=dtype), 1e-5 if dtype == jnp.float32 else 5e-2
+    f32 = lambda a: np.asarray(a, np.float32)
+    self.assertFalse(np.allclose(f32(ours(x)), f32(flax_mha(x)), atol=tol, rtol=tol))
+    nnx.update(ours, aj.nn.from_flax(nnx.state(flax_mha, nnx.Param), ours))
+    chex.assert_trees_all_close(f32(ours(x)), f32(flax_mha(x)), atol=tol, rtol=tol)
+    self.assertFalse(np.allclose(f32(other(x)), f32(flax_mha(x)), atol=tol, rtol=tol))
+    nnx.update(flax_mha, aj.nn.to_flax(nnx.state(other, nnx.Param), flax_mha))
+    chex.assert_trees_all_close(f32(flax_mha(x)), f32(other(x)), atol=tol, rtol=tol)
+    self.assertEqual({p.dtype for p in params(ours)}, {jnp.dtype(dtype)})
+
+  def test_a_causal_module_is_flax_with_is_causal(self):
+    ours = aj.MultiHeadAttention(D, H, causal=True, use_bias=True, rngs=nnx.Rngs(0))
+    flax_mha = nnx.MultiHeadAttention(H, D, decode=False, rngs=nnx.Rngs(1))
+    nnx.update(flax_mha, aj.nn.to_flax(nnx.state(ours, nnx.Param), flax_mha))
+    chex.assert_trees_all_close(flax_mha(_x(), is_causal=True), ours(_x()), atol=1e-5)
+
+  def test_values_take_the_target_dtypes(self):
+    flax_mha = nnx.MultiHeadAttention(H, D, decode=False, rngs=nnx.Rngs(1))
+    ours = aj.MultiHeadAttention(D, H, causal=False, use_bias=True, param_dtype=jnp.bfloat16,
+                                 rngs=nnx.Rngs(0))
+    state = aj.nn.from_flax(nnx.state(flax_mha, nnx.Param), ours)
+    self.assertEqual({v[...].dtype for _, v in nnx.to_flat_state(state)}, {jnp.dtype('bfloat16')})
+    chex.assert_trees_all_equal(state['W_Q']['kernel'][...],
+                                flax_mha.query.kernel[...].astype(jnp.bfloat16))
+
+  @parameterized.named_parameters(
+      ('flax_bias_into_no_bias', dict(), dict(use_bias=False), r"^Flax's \w+\.bias has no "
+       r'place in the MultiHeadAttention, built with use_bias=False: build it with '
+       r'use_bias=True\.$'),
+      ('no_flax_bias_into_bias', dict(use_bias=False), dict(), r'^the MultiHeadAttention has '
+       r'W_.\.bias but the Flax state has no bias .*with use_bias=False\.$'),
+      ('normalize_qk', dict(normalize_qk=True), dict(), r"^key_ln\.scale is Flax's "
+       r'normalize_qk LayerNorm, .*normalize_qk=False converts\.$'),
+      ('shape', dict(num_kv_heads=1), dict(), r"^Flax's key\.bias is \(1, 8\) but the "
+       r"MultiHeadAttention's W_K\.bias is \(2, 8\): build both with the same sizes"))
+  def test_from_flax_refusals(self, flax_options, our_options, message):
+    flax_mha = nnx.MultiHeadAttention(H, D, **flax_options, decode=False, rngs=nnx.Rngs(1))
+    ours = aj.MultiHeadAttention(D, H, causal=False, **{'use_bias': True, **our_options},
+                                 rngs=nnx.Rngs(0))
+    with self.assertRaisesRegex(ValueError, message):
+      aj.nn.from_flax(nnx.state(flax_mha, nnx.Param), ours)
+
+  @parameterized.named_parameters(
+      ('bias_into_no_bias', dict(), dict(use_bias=False), r"^MultiHeadAttention's W_.\.bias "
+       r'has no place in the flax.nnx.MultiHeadAttention, built with use_bias=False: build '
+       r'it with use_bias=True\.$'),
+      ('no_bias_into_bias', dict(use_bias=False), dict(), r'^the flax.nnx.MultiHeadAttention '
+       r'has \w+\.bias but the MultiHeadAttention state has no bias'),
+      ('encoding', dict(encoding='cope'), dict(), r"^positional\.pos_emb \(the encoding's "
+       r'parameter\) has no place in flax.nnx.MultiHeadAttention'),
+      ('scalable_softmax', dict(scalable_softmax=1.0), dict(), r'^ssmax_scale \(scalable '
+       r'softmax\) has no place .*scalable_softmax=None converts\.$'),
+      ('normalize_qk', dict(), dict(normalize_qk=True), r'^the flax.nnx.MultiHeadAttention '
+       r'has key_ln\.scale \(normalize_qk=True\).*build it with normalize_qk=False\.$'),
+      ('shape', dict(num_kv_heads=1), dict(), r"^MultiHeadAttention's W_K\.bias is \(1, 8\) "
+       r"but the flax.nnx.MultiHeadAttention's key\.bias is \(2, 8\): build both with"))
+  def test_to_flax_refusals(self, our_options, flax_options, message):
+    ours = aj.MultiHeadAttention(D, H, causal=True, **{'use_bias': True, **our_options},
+                                 rngs=nnx.Rngs(0))
+    flax_mha = nnx.MultiHeadAttention(H, D, **flax_options, decode=False, rngs=nnx.Rngs(1))
+    with self.assertRaisesRegex(ValueError, message):
+      aj.nn.to_flax(nnx.state(ours, nnx.Param), flax_mha)
+
+
 class ModelInputsTest(chex.TestCase, parameterized.TestCase):
 
   @parameterized.parameters(11, -1)

@@ -4,6 +4,8 @@ from attention_jax.nn.additive import AdditiveAttention
 from attention_jax.nn.attention import MultiHeadAttention
 from attention_jax.nn.attention import SelfAttention
 from attention_jax.nn.cache import check_cache
+from attention_jax.nn.flax_params import from_flax
+from attention_jax.nn.flax_params import to_flax
 from attention_jax.nn.seq2seq import Seq2Seq
 from attention_jax.nn.transformer import TransformerLM
 from attention_jax.nn.transformer import generate
