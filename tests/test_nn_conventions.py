@@ -190,6 +190,40 @@ class CacheOverflowTest(chex.TestCase):
       check_cache(cache)
 
 
+  def test_check_cache_reads_a_module_stateful_cache(self):
+    mha = aj.MultiHeadAttention(D, H, causal=True, encoding='fox', rngs=nnx.Rngs(0))
+    mha.init_cache((1, 4, D))
+    step = nnx.jit(lambda m, t: m(t, decode=True))
+    self.assertTrue(np.isfinite(np.asarray(step(mha, _x((1, 2, D))))).all())
+    aj.nn.check_cache(mha)  # slots 0 … 1: in range
+    with self.assertRaises(ValueError) as eager:
+      nnx.clone(mha)(_x((1, 3, D)), decode=True)
+    self.assertTrue(np.isnan(np.asarray(step(mha, _x((1, 3, D))))).all())
+    with self.assertRaisesRegex(ValueError, '^' + re.escape(str(eager.exception)) + '$'):
+      aj.nn.check_cache(mha)
+    self.assertIn('slots 2 … 4 but the cache has 4 slots', str(eager.exception))
+
+  def test_check_cache_walks_a_model_for_stateful_caches(self):
+    model = TransformerLM(vocab_size=11, d_model=D, num_heads=H, num_layers=2, mlp_dim=16,
+                          encoding='rope', rngs=nnx.Rngs(0))
+    for block in model.blocks:
+      block.attention.init_cache((1, 4, D))
+    step = nnx.jit(lambda m, h: m.blocks[1].attention(h, decode=True))
+    step(model, _x((1, 3, D)))
+    aj.nn.check_cache(model)
+    step(model, _x((1, 3, D)))  # slots 3 … 5 of the second layer's cache
+    with self.assertRaisesRegex(ValueError, r'^extend writes cache slots 3 … 5 but the cache '
+                                r'has 4 slots \(0 … 3\); make it longer'):
+      aj.nn.check_cache(model)
+
+  def test_check_cache_of_a_module_without_a_stateful_cache(self):
+    for module in (aj.MultiHeadAttention(D, H, causal=True, rngs=nnx.Rngs(0)), _lm()):
+      with self.assertRaisesRegex(ValueError, rf'^check_cache\({type(module).__name__}\) '
+                                  r'found no stateful cache.*call init_cache\(\(batch, '
+                                  r'cache_size, d_model\)\)'):
+        aj.nn.check_cache(module)
+
+
 class FlaxParamsTest(chex.TestCase, parameterized.TestCase):
   """`nn.from_flax` / `nn.to_flax` against a real `flax.nnx.MultiHeadAttention`."""
 

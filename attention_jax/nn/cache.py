@@ -8,7 +8,8 @@ raise: the call records the first bad range in the cache's `overflow` entry
 (int32 `[2]`: start, end; `(0, 0)` while every write was in range) and
 returns NaN outputs, so no number computed from a shifted cache looks valid.
 `check_cache` then raises the same ValueError, word for word, as the eager
-call would have.
+call would have: on the returned cache, or on a module whose stateful cache
+(`decode=True`) a jitted step updated.
 
 This replaces a host callback (`jax.debug.callback`) that raised on the
 host: under jit that surfaces as an INTERNAL runtime error after a logged
@@ -80,18 +81,40 @@ def poison(out: jax.Array, in_range) -> jax.Array:
 
 def check_cache(cache) -> None:
   """Raises the ValueError an eager `extend` would have raised if any write
-  into `cache` (one layer's dict, or a model's list of them) went outside
-  its slots under jit. Call it on the cache a jitted step returned."""
+  into `cache` went outside its slots under jit. Call it on what a jitted
+  step returned or updated.
+
+  `cache`: one layer's dict from `init_cache(batch_size, cache_size)`, a
+  model's list of them, or a module (a `MultiHeadAttention`, or any model
+  holding some) whose stateful caches `init_cache(input_shape)` set up for
+  `decode=True`: every one of its attention modules' caches is checked."""
+  if isinstance(cache, nnx.Module):
+    cache = stateful_caches(cache)
   layers = cache if isinstance(cache, (list, tuple)) else [cache]
   for layer in layers:
     if not isinstance(layer, dict) or 'key' not in layer:
       raise TypeError('check_cache takes a cache from init_cache (a dict with "key", '
-                      f'"value", …, or a list of them), got {type(layer).__name__}.')
+                      f'"value", …, or a list of them) or a module, got {type(layer).__name__}.')
     if 'overflow' not in layer:
       continue
     start, end = (int(v) for v in np.asarray(layer['overflow']))
     if (start, end) != NO_OVERFLOW:
       raise ValueError(past_cache_message(start, end, layer['key'].shape[2]))
+
+
+def stateful_caches(module: nnx.Module) -> list[dict]:
+  """The caches kept in `module` and its submodules (`init_cache(input_shape)`,
+  Flax's stateful decoding), as dicts like `init_cache`'s; ValueError if none."""
+  caches = [{name: getattr(node, f'cached_{name}')[...] for name in CACHE_NAMES
+             if getattr(node, f'cached_{name}') is not None}
+            for _, node in nnx.iter_graph(module)
+            if isinstance(node, KVCache) and node.cached_key is not None]
+  if not caches:
+    raise ValueError(f'check_cache({type(module).__name__}) found no stateful cache in the '
+                     'module: call init_cache((batch, cache_size, d_model)) on its attention '
+                     'first, or pass the cache dict that init_cache(batch_size, cache_size) '
+                     'returned.')
+  return caches
 
 
 class KVCache:
