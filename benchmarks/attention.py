@@ -64,7 +64,7 @@ def layer_gflop(t: int) -> float:
 def ours(impl: str, x: np.ndarray, cotangent: np.ndarray):
   dtype = jnp.dtype(_DTYPE.value)
   impl, _, strategy = impl.partition(':')
-  mha = aj.MultiHeadAttention(D_MODEL, HEADS, implementation=impl, dtype=dtype,
+  mha = aj.MultiHeadAttention(D_MODEL, HEADS, causal=True, implementation=impl, dtype=dtype,
                               param_dtype=dtype, chunked_strategy=strategy or 'auto',
                               rngs=nnx.Rngs(0))
   graphdef, params = nnx.split(mha)

@@ -38,8 +38,8 @@ def main(argv):
     # Absolute encodings are added to the embeddings; the rest act inside attention.
     h = pe.add_to_embeddings(x, np.arange(16))
     inside = pe.acts_in_attention
-    mha = aj.MultiHeadAttention(512, 8, encoding=pe if inside else None, rngs=rngs)
-    out, weights = mha(h, return_weights=True)  # causal by default
+    mha = aj.MultiHeadAttention(512, 8, causal=True, encoding=pe if inside else None, rngs=rngs)
+    out, weights = mha(h, return_weights=True)  # causal: query i sees keys j <= i
     label = (f'MultiHeadAttention(512, 8, encoding={encoding!r})' if inside else
              'MultiHeadAttention(512, 8), no encoding' if isinstance(pe, aj.positional.NoPE)
              else f'MultiHeadAttention(512, 8) on x + {encoding} embeddings')

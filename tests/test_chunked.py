@@ -145,7 +145,7 @@ class ModuleImplementationTest(parameterized.TestCase):
   def test_module_strategies_agree_and_bad_ones_are_refused(self):
     from flax import nnx  # pylint: disable=g-import-not-at-top
     make = lambda strategy: aj.MultiHeadAttention(
-        32, 4, encoding='alibi', implementation='chunked', chunk_size=8,
+        32, 4, causal=True, encoding='alibi', implementation='chunked', chunk_size=8,
         chunked_strategy=strategy, rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(1), (2, 21, 32))
     chex.assert_trees_all_close(make('scan')(x), make('unrolled')(x), atol=1e-5)
@@ -156,10 +156,10 @@ class ModuleImplementationTest(parameterized.TestCase):
       (f'{e}_{impl}', e, impl) for e in IN_ATTENTION for impl in ('chunked', 'auto'))
   def test_module_paths_agree(self, encoding, implementation):
     from flax import nnx  # pylint: disable=g-import-not-at-top
-    dense = aj.MultiHeadAttention(32, 4, encoding=encoding, implementation='dense',
+    dense = aj.MultiHeadAttention(32, 4, causal=True, encoding=encoding, implementation='dense',
                                   rngs=nnx.Rngs(0))
-    other = aj.MultiHeadAttention(32, 4, encoding=encoding, implementation=implementation,
-                                  chunk_size=8, rngs=nnx.Rngs(0))
+    other = aj.MultiHeadAttention(32, 4, causal=True, encoding=encoding,
+                                  implementation=implementation, chunk_size=8, rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(1), (2, 21, 32))
     lengths = jnp.array([21, 9])
     want = dense(x, kv_lengths=lengths)
@@ -180,7 +180,7 @@ class ModuleImplementationTest(parameterized.TestCase):
   def test_chunked_refuses_what_it_cannot_serve(self):
     from flax import nnx  # pylint: disable=g-import-not-at-top
     x = jnp.ones((1, 8, 16))
-    mha = aj.MultiHeadAttention(16, 2, implementation='chunked', rngs=nnx.Rngs(0))
+    mha = aj.MultiHeadAttention(16, 2, causal=True, implementation='chunked', rngs=nnx.Rngs(0))
     with self.assertRaisesRegex(ValueError, 'return_weights=True'):
       mha(x, return_weights=True)
     with self.assertRaisesRegex(ValueError, 'a dense mask'):
@@ -189,17 +189,17 @@ class ModuleImplementationTest(parameterized.TestCase):
                                   implementation='chunked', rngs=nnx.Rngs(0))
     with self.assertRaisesRegex(ValueError, 'bidirectional.*not linear in i - j'):
       alibi(x)
-    causal_alibi = aj.MultiHeadAttention(16, 2, encoding='alibi', implementation='chunked',
-                                         rngs=nnx.Rngs(0))
+    causal_alibi = aj.MultiHeadAttention(16, 2, causal=True, encoding='alibi',
+                                         implementation='chunked', rngs=nnx.Rngs(0))
     with self.assertRaisesRegex(ValueError, 'return_weights=True .*; the bias of ALiBi '
                                 r'\(at positions other than the default 0 … T-1'):
       causal_alibi(x, positions=np.arange(8) + 5, return_weights=True)
     with self.assertRaisesRegex(ValueError, "implementation='flash'"):
-      aj.MultiHeadAttention(16, 2, implementation='flash', rngs=nnx.Rngs(0))
+      aj.MultiHeadAttention(16, 2, causal=True, implementation='flash', rngs=nnx.Rngs(0))
 
   def test_auto_falls_back_to_dense_for_weights(self):
     from flax import nnx  # pylint: disable=g-import-not-at-top
-    mha = aj.MultiHeadAttention(16, 2, rngs=nnx.Rngs(0))
+    mha = aj.MultiHeadAttention(16, 2, causal=True, rngs=nnx.Rngs(0))
     _, weights = mha(jnp.ones((1, 300, 16)), return_weights=True)
     chex.assert_shape(weights, (1, 2, 300, 300))
 

@@ -169,7 +169,7 @@ class CopeMatchesTheOfficialTest(chex.TestCase, parameterized.TestCase):
     np.testing.assert_array_equal(got[5, :3], [2.5, 2.0, 1.5])  # key 2 never counted
 
   def test_cope_chunked_refuses_naming_the_origin(self):
-    mha = aj.MultiHeadAttention(16, 2, encoding='cope', max_positions=8,
+    mha = aj.MultiHeadAttention(16, 2, causal=True, encoding='cope', max_positions=8,
                                 implementation='chunked', rngs=nnx.Rngs(0))
     with self.assertRaisesRegex(ValueError, r"'chunked' cannot serve this call: the "
                                 r'contextual positions of cope \(O\(T²\) by nature'):
@@ -183,7 +183,7 @@ class CopeInModelsTest(chex.TestCase, parameterized.TestCase):
     of the start), grouped queries, a window (the gates count only what it
     shows) and npos = 3 (positions past the clamp)."""
     enc = pe.make_encoding('cope', d_model=16, num_heads=4, npos=3)
-    mha = aj.MultiHeadAttention(16, 4, encoding=enc, num_kv_heads=2, sliding_window=6,
+    mha = aj.MultiHeadAttention(16, 4, causal=True, encoding=enc, num_kv_heads=2, sliding_window=6,
                                 rngs=nnx.Rngs(0))
     x = jnp.asarray(_normal(1, (2, 12, 16)))
     full = nnx.jit(lambda m, x: m(x))
@@ -205,7 +205,7 @@ class CopeInModelsTest(chex.TestCase, parameterized.TestCase):
     x = _normal(1, (2, 7, 16))
     outs = {}
     for dtype in (jnp.float32, jnp.bfloat16):
-      mha = aj.MultiHeadAttention(16, 2, encoding='cope', max_positions=7, dtype=dtype,
+      mha = aj.MultiHeadAttention(16, 2, causal=True, encoding='cope', max_positions=7, dtype=dtype,
                                   rngs=nnx.Rngs(0))
       _random_table(mha.positional, 4)
       out, weights = nnx.jit(lambda m, x: m(x, return_weights=True))(mha, x.astype(dtype))

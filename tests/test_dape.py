@@ -199,7 +199,8 @@ class DapeMatchesTheOfficialCodeTest(chex.TestCase, parameterized.TestCase):
     enc = _dape(h, 4, base=base, mlp_width=6)
     p = _official_params(h, 6, seed=2)
     _copy_into(enc, p)
-    mha = aj.MultiHeadAttention(8, h, encoding=enc, implementation='dense', rngs=nnx.Rngs(1))
+    mha = aj.MultiHeadAttention(8, h, causal=True, encoding=enc, implementation='dense',
+                                rngs=nnx.Rngs(1))
     x = np.random.default_rng(3).normal(size=(2, t, 8)).astype(np.float32)
     _, weights = nnx.jit(lambda m, x: m(x, return_weights=True))(mha, x)
     q, k = nnx.jit(lambda m, x: (m.W_Q(x), m.W_K(x)))(mha, x)
@@ -249,7 +250,8 @@ class DapeDtypesAndGradientsTest(chex.TestCase, parameterized.TestCase):
     x = jnp.asarray(np.random.default_rng(1).normal(size=(2, 7, 16)), jnp.float32)
     outs = {}
     for dtype in (jnp.float32, jnp.bfloat16):
-      mha = aj.MultiHeadAttention(16, 4, encoding='dape', dtype=dtype, rngs=nnx.Rngs(0))
+      mha = aj.MultiHeadAttention(16, 4, causal=True, encoding='dape', dtype=dtype,
+                                  rngs=nnx.Rngs(0))
       out, weights = nnx.jit(lambda m, x: m(x, return_weights=True))(mha, x.astype(dtype))
       self.assertEqual(out.dtype, dtype)
       self.assertEqual(weights.dtype, jnp.float32)

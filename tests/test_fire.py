@@ -148,7 +148,8 @@ class FireDtypesTest(chex.TestCase, parameterized.TestCase):
     x = jax.random.normal(jax.random.key(1), (2, 7, 16))
     outs = {}
     for dtype in (jnp.float32, jnp.bfloat16):
-      mha = aj.MultiHeadAttention(16, 4, encoding='fire', dtype=dtype, rngs=nnx.Rngs(0))
+      mha = aj.MultiHeadAttention(16, 4, causal=True, encoding='fire', dtype=dtype,
+                                  rngs=nnx.Rngs(0))
       out, weights = nnx.jit(lambda m, x: m(x, return_weights=True))(mha, x.astype(dtype))
       self.assertEqual(out.dtype, dtype)
       self.assertEqual(weights.dtype, jnp.float32)

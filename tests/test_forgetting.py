@@ -108,7 +108,8 @@ def _official_weights(seed):
 
 def _mha(weights=None, **options):
   """Our module with the official weights copied in (kernels `[in, out]`)."""
-  mha = aj.MultiHeadAttention(D_MODEL, HEADS, encoding='fox', rngs=nnx.Rngs(0), **options)
+  mha = aj.MultiHeadAttention(D_MODEL, HEADS, causal=True, encoding='fox', rngs=nnx.Rngs(0),
+                              **options)
   if weights is not None:
     mha.W_Q.kernel[...] = jnp.asarray(weights['q_proj'].T.reshape(D_MODEL, HEADS, HEAD_DIM))
     mha.W_K.kernel[...] = jnp.asarray(weights['k_proj'].T.reshape(D_MODEL, HEADS, HEAD_DIM))

@@ -83,7 +83,7 @@ class KeyQueryConvolutionTest(chex.TestCase, parameterized.TestCase):
     chex.assert_trees_all_close(jnp.concatenate([prompt, rest], axis=1), full, atol=1e-5)
 
   def test_a_caller_mask_hides_from_earlier_queries_what_it_hides_from_them(self):
-    mha = aj.MultiHeadAttention(16, 2, encoding='mta', rngs=nnx.Rngs(0),
+    mha = aj.MultiHeadAttention(16, 2, causal=True, encoding='mta', rngs=nnx.Rngs(0),
                                 encoding_options=dict(query_kernel_size=3, key_kernel_size=3))
     theta = mha.positional.kernel
     theta[...] = theta[...] + 0.5 * jax.random.normal(jax.random.key(7), theta.shape)

@@ -37,10 +37,10 @@ class MultiHeadAttentionModuleTest(chex.TestCase, parameterized.TestCase):
 
   def test_heads_must_divide_d_model(self):
     with self.assertRaisesRegex(ValueError, 'num_heads=3 must be >= 1 and divide d_model=16'):
-      aj.MultiHeadAttention(16, 3, rngs=nnx.Rngs(0))
+      aj.MultiHeadAttention(16, 3, causal=True, rngs=nnx.Rngs(0))
 
   def test_bad_input_width(self):
-    mha = aj.MultiHeadAttention(16, 4, rngs=nnx.Rngs(0))
+    mha = aj.MultiHeadAttention(16, 4, causal=True, rngs=nnx.Rngs(0))
     with self.assertRaisesRegex(ValueError, r'x must be \[batch, length, 16\], got \(2, 3, 8\)'):
       mha(jnp.zeros((2, 3, 8)))
 
@@ -51,7 +51,7 @@ class MultiHeadAttentionModuleTest(chex.TestCase, parameterized.TestCase):
     chex.assert_shape(weights, (2, 4, 3, 9))
 
   def test_rope_rotates_q_and_k_inside(self):
-    mha = aj.MultiHeadAttention(16, 2, encoding='rope', rngs=nnx.Rngs(0))
+    mha = aj.MultiHeadAttention(16, 2, causal=True, encoding='rope', rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(3), (1, 5, 16))
     _, weights = mha(x, return_weights=True)
     q = aj.positional.apply_rope(mha.W_Q(x), np.arange(5))
@@ -66,7 +66,8 @@ class MultiHeadAttentionModuleTest(chex.TestCase, parameterized.TestCase):
       (f'{e}_{jnp.dtype(d).name}', d, e)
       for e in IN_ATTENTION for d in (jnp.float32, jnp.bfloat16, jnp.float16))
   def test_dtypes(self, dtype, encoding):
-    mha = aj.MultiHeadAttention(16, 4, encoding=encoding, dtype=dtype, rngs=nnx.Rngs(0))
+    mha = aj.MultiHeadAttention(16, 4, causal=True, encoding=encoding, dtype=dtype,
+                                rngs=nnx.Rngs(0))
     out, weights = nnx.jit(lambda m, x: m(x, mask=aj.causal_mask(6), return_weights=True))(
         mha, jnp.ones((2, 6, 16), dtype))
     self.assertEqual(out.dtype, dtype)
@@ -105,7 +106,7 @@ class CausalityTest(parameterized.TestCase):
   def test_no_gradient_from_the_future(self, encoding):
     t, d = 6, 16
     enc = aj.make_encoding(encoding, d_model=d, num_heads=4, max_positions=t, rngs=nnx.Rngs(0))
-    mha = aj.MultiHeadAttention(d, 4, encoding=enc if enc.acts_in_attention else None,
+    mha = aj.MultiHeadAttention(d, 4, causal=True, encoding=enc if enc.acts_in_attention else None,
                                 rngs=nnx.Rngs(1))
     x = jax.random.normal(jax.random.key(5), (1, t, d))
 
@@ -148,7 +149,7 @@ class CausalityIsOnePropertyTest(chex.TestCase, parameterized.TestCase):
     chex.assert_trees_all_close(weights, want, atol=1e-6)
 
   def test_the_call_cannot_override_causality(self):
-    mha = aj.MultiHeadAttention(16, 2, encoding='alibi', rngs=nnx.Rngs(0))
+    mha = aj.MultiHeadAttention(16, 2, causal=True, encoding='alibi', rngs=nnx.Rngs(0))
     with self.assertRaises(TypeError):
       mha(jnp.ones((1, 4, 16)), causal=False)  # pylint: disable=unexpected-keyword-arg
 
@@ -156,7 +157,7 @@ class CausalityIsOnePropertyTest(chex.TestCase, parameterized.TestCase):
     enc = aj.make_encoding('alibi', d_model=16, num_heads=2, causal=False)
     with self.assertRaisesRegex(ValueError, r'ALiBi was built with causal=False but '
                                 r'MultiHeadAttention has causal=True'):
-      aj.MultiHeadAttention(16, 2, encoding=enc, rngs=nnx.Rngs(0))
+      aj.MultiHeadAttention(16, 2, causal=True, encoding=enc, rngs=nnx.Rngs(0))
     aj.MultiHeadAttention(16, 2, encoding=enc, causal=False, rngs=nnx.Rngs(0))  # agrees
 
   def test_a_bidirectional_module_does_not_decode(self):
@@ -166,12 +167,12 @@ class CausalityIsOnePropertyTest(chex.TestCase, parameterized.TestCase):
       mha.extend(jnp.ones((1, 2, 16)), mha.init_cache(1, 4), 0)
 
   def test_causal_cross_attention_is_an_error(self):
-    mha = aj.MultiHeadAttention(16, 2, rngs=nnx.Rngs(0))
+    mha = aj.MultiHeadAttention(16, 2, causal=True, rngs=nnx.Rngs(0))
     with self.assertRaisesRegex(ValueError, 'build cross-attention with causal=False'):
       mha(jnp.ones((1, 3, 16)), jnp.ones((1, 5, 16)))
 
   def test_output_only_unless_weights_are_asked_for(self):
-    mha = aj.MultiHeadAttention(16, 2, rngs=nnx.Rngs(0))
+    mha = aj.MultiHeadAttention(16, 2, causal=True, rngs=nnx.Rngs(0))
     out = mha(jnp.ones((1, 4, 16)))
     chex.assert_shape(out, (1, 4, 16))
     self.assertEqual(mha.implementation, 'auto')
@@ -198,14 +199,15 @@ class EncodingHooksTest(chex.TestCase, parameterized.TestCase):
       ('sinusoidal', 'sinusoidal', "'sinusoidal'"), ('learned', 'learned', "'learned'"),
       ('user_embedding_encoding', _OnlyEmbeddings(), '_OnlyEmbeddings'))
   def test_embedding_encodings_are_refused_by_attention(self, encoding, label):
-    for make in (lambda: aj.MultiHeadAttention(16, 2, encoding=encoding, rngs=nnx.Rngs(0)),
+    for make in (lambda: aj.MultiHeadAttention(16, 2, causal=True, encoding=encoding,
+                                               rngs=nnx.Rngs(0)),
                  lambda: aj.SelfAttention(16, 8, encoding=encoding, rngs=nnx.Rngs(0))):
       with self.assertRaisesRegex(ValueError, f'encoding {label} is added to the embeddings.*'
                                   r'TransformerLM\(encoding=.*add_to_embeddings\(x, positions\)'):
         make()
 
   def test_a_subclass_with_only_attention_bias_still_works(self):
-    mha = aj.MultiHeadAttention(16, 2, encoding=_OnlyDenseBias(), rngs=nnx.Rngs(0))
+    mha = aj.MultiHeadAttention(16, 2, causal=True, encoding=_OnlyDenseBias(), rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(7), (1, 5, 16))
     _, weights = mha(x, return_weights=True)
     q, k, v = mha.W_Q(x), mha.W_K(x), mha.W_V(x)
@@ -229,7 +231,7 @@ class LinenBridgeTest(absltest.TestCase):
 
   def test_usable_from_linen(self):
     from flax.nnx import bridge  # pylint: disable=g-import-not-at-top
-    layer = bridge.to_linen(aj.MultiHeadAttention, 16, 4, encoding='alibi')
+    layer = bridge.to_linen(aj.MultiHeadAttention, 16, 4, causal=True, encoding='alibi')
     x = jnp.ones((2, 5, 16))
     variables = layer.init(jax.random.key(0), x)
     out = layer.apply(variables, x)

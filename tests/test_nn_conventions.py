@@ -34,16 +34,25 @@ def _lm(encoding='rope', **options):
 class FlaxNamesTest(chex.TestCase, parameterized.TestCase):
 
   def test_flax_keywords_build_the_same_module(self):
-    ours = aj.MultiHeadAttention(D, H, rngs=nnx.Rngs(0))
-    flax_way = aj.MultiHeadAttention(num_heads=H, in_features=D, rngs=nnx.Rngs(0))
+    ours = aj.MultiHeadAttention(D, H, causal=True, rngs=nnx.Rngs(0))
+    flax_way = aj.MultiHeadAttention(num_heads=H, in_features=D, causal=True, rngs=nnx.Rngs(0))
     chex.assert_trees_all_equal(nnx.state(ours), nnx.state(flax_way))
     self.assertEqual((flax_way.in_features, flax_way.qkv_features, flax_way.out_features),
                      (D, D, D))
 
+  @parameterized.parameters(
+      (dict(d_model=D, num_heads=H),), (dict(num_heads=H, in_features=D),))
+  def test_construction_without_causal_is_refused(self, sizes):
+    with self.assertRaisesRegex(ValueError, '^' + re.escape(
+        'MultiHeadAttention needs causal=: pass causal=True (decoder: query i sees keys j <= '
+        'i) or causal=False (encoder / cross-attention, as flax.nnx.MultiHeadAttention '
+        'computes without a mask).') + '$'):
+      aj.MultiHeadAttention(**sizes, use_bias=True, rngs=nnx.Rngs(0))
+
   @parameterized.parameters(jnp.float32, jnp.bfloat16)
   def test_kernels_match_flax_multi_head_attention(self, dtype):
-    ours = aj.MultiHeadAttention(D, H, causal=False, use_bias=True, dtype=dtype,
-                                 rngs=nnx.Rngs(0))
+    ours = aj.MultiHeadAttention(num_heads=H, in_features=D, causal=False, use_bias=True,
+                                 dtype=dtype, rngs=nnx.Rngs(0))
     flax_mha = nnx.MultiHeadAttention(num_heads=H, in_features=D, decode=False, dtype=dtype,
                                       rngs=nnx.Rngs(1))
     for mine, theirs in (('W_Q', 'query'), ('W_K', 'key'), ('W_V', 'value'), ('W_O', 'out')):
@@ -57,7 +66,7 @@ class FlaxNamesTest(chex.TestCase, parameterized.TestCase):
   def test_flax_positional_order_names_the_order(self):
     with self.assertRaisesRegex(ValueError, r'num_heads=64 must .* divide d_model=4.*'
                                 r'MultiHeadAttention\(d_model, num_heads\).*in_features'):
-      aj.MultiHeadAttention(4, 64, rngs=nnx.Rngs(0))
+      aj.MultiHeadAttention(4, 64, causal=True, rngs=nnx.Rngs(0))
 
   @parameterized.parameters(
       (dict(d_model=D, num_heads=H, in_features=D), r'd_model=16 and in_features=16'),
@@ -70,11 +79,11 @@ class FlaxNamesTest(chex.TestCase, parameterized.TestCase):
   )
   def test_bad_construction_is_a_clear_error(self, options, message):
     with self.assertRaisesRegex(ValueError, message):
-      aj.MultiHeadAttention(rngs=nnx.Rngs(0), **options)
+      aj.MultiHeadAttention(causal=True, rngs=nnx.Rngs(0), **options)
 
   def test_encoding_options_reach_the_encoding(self):
-    mha = aj.MultiHeadAttention(D, H, encoding='rope', encoding_options={'base': 500.0},
-                                rngs=nnx.Rngs(0))
+    mha = aj.MultiHeadAttention(D, H, causal=True, encoding='rope',
+                                encoding_options={'base': 500.0}, rngs=nnx.Rngs(0))
     self.assertEqual(mha.positional.base, 500.0)
 
   def test_out_and_kv_features(self):
@@ -83,7 +92,7 @@ class FlaxNamesTest(chex.TestCase, parameterized.TestCase):
     chex.assert_shape(mha(_x(), _x((2, 7, 10))), (2, 5, 6))
 
   def test_sown_weights_are_the_returned_weights(self):
-    mha = aj.MultiHeadAttention(D, H, encoding='alibi', rngs=nnx.Rngs(0))
+    mha = aj.MultiHeadAttention(D, H, causal=True, encoding='alibi', rngs=nnx.Rngs(0))
     out, weights = mha(_x(), return_weights=True)
     sown_out, intermediates = nnx.capture(mha, nnx.Intermediate)(_x(), sow_weights=True)
     (sown,) = intermediates['attention_weights'].get_value()
@@ -100,8 +109,8 @@ class DropoutTest(chex.TestCase, parameterized.TestCase):
     chex.assert_trees_all_equal(plain(tokens), zero(tokens))
 
   def test_attention_weights_dropout_follows_train_and_eval(self):
-    plain = aj.MultiHeadAttention(D, H, rngs=nnx.Rngs(0))
-    mha = aj.MultiHeadAttention(D, H, dropout_rate=0.5, rngs=nnx.Rngs(0))
+    plain = aj.MultiHeadAttention(D, H, causal=True, rngs=nnx.Rngs(0))
+    mha = aj.MultiHeadAttention(D, H, causal=True, dropout_rate=0.5, rngs=nnx.Rngs(0))
     x = _x()
     with self.assertRaisesRegex(ValueError, r'dropout_rate=0.5 needs .*deterministic'):
       mha(x)
@@ -129,7 +138,7 @@ class DropoutTest(chex.TestCase, parameterized.TestCase):
     np.testing.assert_allclose(out[kept], 2 * np.asarray(weights)[0, 0][kept], rtol=1e-5)
 
   def test_dropping_needs_the_dense_kernel(self):
-    mha = aj.MultiHeadAttention(D, H, dropout_rate=0.1, deterministic=False,
+    mha = aj.MultiHeadAttention(D, H, causal=True, dropout_rate=0.1, deterministic=False,
                                 implementation='chunked', rngs=nnx.Rngs(0))
     with self.assertRaisesRegex(ValueError, r"only the dense kernel.*'chunked'"):
       mha(_x())
@@ -150,7 +159,7 @@ class DecodeTest(chex.TestCase, parameterized.TestCase):
 
   @parameterized.parameters('rope', 'fox')  # fox: cached token features
   def test_flax_decode_equals_the_full_pass(self, encoding):
-    mha = aj.MultiHeadAttention(D, H, encoding=encoding, rngs=nnx.Rngs(0))
+    mha = aj.MultiHeadAttention(D, H, causal=True, encoding=encoding, rngs=nnx.Rngs(0))
     x = _x((2, 6, D))
     want = mha(x)
     mha.init_cache(x.shape)
@@ -160,7 +169,7 @@ class DecodeTest(chex.TestCase, parameterized.TestCase):
     self.assertEqual(int(mha.cache_index[...]), 6)
 
   def test_decode_without_cache_is_a_clear_error(self):
-    mha = aj.MultiHeadAttention(D, H, decode=True, rngs=nnx.Rngs(0))
+    mha = aj.MultiHeadAttention(D, H, causal=True, decode=True, rngs=nnx.Rngs(0))
     with self.assertRaisesRegex(ValueError, r'call init_cache\(\(batch, cache_size'):
       mha(_x())
 
@@ -168,7 +177,7 @@ class DecodeTest(chex.TestCase, parameterized.TestCase):
 class CacheOverflowTest(chex.TestCase):
 
   def test_same_message_with_and_without_jit(self):
-    mha = aj.MultiHeadAttention(D, H, rngs=nnx.Rngs(0))
+    mha = aj.MultiHeadAttention(D, H, causal=True, rngs=nnx.Rngs(0))
     x, cache = _x((1, 2, D)), mha.init_cache(1, 4)
     with self.assertRaises(ValueError) as eager:
       mha.extend(x, cache, 3)

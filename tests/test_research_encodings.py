@@ -57,7 +57,7 @@ class T5BiasTest(parameterized.TestCase):
     chex.assert_shape(batched, (2, 2, 5, 5))
 
   def test_table_learns(self):
-    mha = aj.MultiHeadAttention(16, 2, encoding='t5', rngs=nnx.Rngs(0))
+    mha = aj.MultiHeadAttention(16, 2, causal=True, encoding='t5', rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(1), (1, 6, 16))
     grads = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(mha)
     self.assertGreater(float(jnp.abs(grads.positional.table[...]).sum()), 0.0)
@@ -72,7 +72,7 @@ class KerpleTest(absltest.TestCase):
     np.testing.assert_allclose(bias, np.broadcast_to(want, (1, 2, 6, 6)), atol=1e-6)
 
   def test_both_parameters_learn_and_stay_positive(self):
-    mha = aj.MultiHeadAttention(16, 2, encoding='kerple', rngs=nnx.Rngs(0))
+    mha = aj.MultiHeadAttention(16, 2, causal=True, encoding='kerple', rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(1), (1, 6, 16))
     grads = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(mha)
     for name in ('raw_r1', 'raw_r2'):

@@ -17,7 +17,8 @@ B, T, D_MODEL, H = 2, 12, 16, 4
 
 
 def _mha(**kw):
-  return aj.MultiHeadAttention(D_MODEL, H, scalable_softmax=0.7, rngs=nnx.Rngs(0), **kw)
+  return aj.MultiHeadAttention(D_MODEL, H, causal=True, scalable_softmax=0.7, rngs=nnx.Rngs(0),
+                               **kw)
 
 
 class ScalableSoftmaxTest(chex.TestCase, parameterized.TestCase):
@@ -89,7 +90,7 @@ class ScalableSoftmaxTest(chex.TestCase, parameterized.TestCase):
 
   def test_bad_values_are_errors(self):
     with self.assertRaisesRegex(ValueError, r'scalable_softmax=-1.0: the initial s must be > 0'):
-      aj.MultiHeadAttention(D_MODEL, H, scalable_softmax=-1.0, rngs=nnx.Rngs(0))
+      aj.MultiHeadAttention(D_MODEL, H, causal=True, scalable_softmax=-1.0, rngs=nnx.Rngs(0))
     c = copy_config.get_config('size=tiny,encoding=alibi')
     c.model.scalable_softmax = -0.5
     with self.assertRaisesRegex(ValueError, r'model.scalable_softmax=-0.5 must be >= 0'):

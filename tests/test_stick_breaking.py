@@ -79,7 +79,7 @@ def _dense(q, k, v, qv=None, kv=None, *, lengths=None, slopes=None, window=None,
 
 
 def _mha(encoding, implementation):
-  return aj.MultiHeadAttention(16, 4, encoding=encoding, implementation=implementation,
+  return aj.MultiHeadAttention(16, 4, causal=True, encoding=encoding, implementation=implementation,
                                chunk_size=5, normalization='stick_breaking',
                                rngs=nnx.Rngs(0))
 
@@ -216,7 +216,7 @@ class StickBreakingTest(chex.TestCase, parameterized.TestCase):
                                 r"\('softmax', 'stick_breaking'\)"):
       sdpa(q, k, v, causal=True, normalization='bogus')
     with self.assertRaisesRegex(ValueError, r"normalization='bogus'; choose one of"):
-      aj.MultiHeadAttention(16, 4, normalization='bogus', rngs=nnx.Rngs(0))
+      aj.MultiHeadAttention(16, 4, causal=True, normalization='bogus', rngs=nnx.Rngs(0))
     with self.assertRaisesRegex(ValueError, 'stick-breaking.*causal=True'):
       sdpa(q, k, v, normalization='stick_breaking')
     with self.assertRaisesRegex(ValueError, 'stick-breaking.*causal=True'):

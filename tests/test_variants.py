@@ -62,8 +62,9 @@ class GroupedQueryTest(chex.TestCase, parameterized.TestCase):
                                 jax.grad(loss(dense), (0, 1, 2))(q, k, v), atol=1e-5)
 
   def test_gqa_module_equals_mha_with_repeated_kv_weights(self):
-    gqa = aj.MultiHeadAttention(32, 4, num_kv_heads=2, encoding='rope', rngs=nnx.Rngs(0))
-    mha = aj.MultiHeadAttention(32, 4, encoding='rope', rngs=nnx.Rngs(1))
+    gqa = aj.MultiHeadAttention(32, 4, causal=True, num_kv_heads=2, encoding='rope',
+                                rngs=nnx.Rngs(0))
+    mha = aj.MultiHeadAttention(32, 4, causal=True, encoding='rope', rngs=nnx.Rngs(1))
     chex.assert_shape(gqa.W_K.kernel[...], (32, 2, 8))
     mha.W_Q.kernel[...] = gqa.W_Q.kernel[...]
     mha.W_O.kernel[...] = gqa.W_O.kernel[...]
@@ -74,7 +75,7 @@ class GroupedQueryTest(chex.TestCase, parameterized.TestCase):
 
   def test_bad_head_counts_are_clear_errors(self):
     with self.assertRaisesRegex(ValueError, 'num_kv_heads=3 must be >= 1 and divide num_heads=4'):
-      aj.MultiHeadAttention(32, 4, num_kv_heads=3, rngs=nnx.Rngs(0))
+      aj.MultiHeadAttention(32, 4, causal=True, num_kv_heads=3, rngs=nnx.Rngs(0))
     q, k, v = _qkv(3)
     with self.assertRaisesRegex(ValueError, 'incompatible shapes: key/value heads'):
       aj.multi_head_attention(q, k, v)
@@ -101,7 +102,7 @@ class SlidingWindowTest(chex.TestCase, parameterized.TestCase):
     chex.assert_trees_all_close(f(k_nan, v_nan)[:, 24:], f(k, v)[:, 24:], atol=1e-6)
 
   def test_module_window_matches_a_dense_mask(self):
-    mha = aj.MultiHeadAttention(16, 2, sliding_window=3, rngs=nnx.Rngs(0))
+    mha = aj.MultiHeadAttention(16, 2, causal=True, sliding_window=3, rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(1), (1, 10, 16))
     _, weights = mha(x, return_weights=True)
     band = np.asarray(aj.attention.sliding_window_mask(10, 10, 3) & aj.causal_mask(10))

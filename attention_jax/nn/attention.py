@@ -7,13 +7,14 @@ heads). Their projection kernels have the layout of
 d_model]`), so weights move between the two; the class docstring lists where
 the two modules' interfaces differ.
 
-A module is causal or not as one property, set at construction: it decides
-both the mask and the encoding's bias (ALiBi's is -slope·(i - j) causal,
--slope·|i - j| otherwise). A positional encoding (a registry name or a
-`PositionalEncoding`) acts here through its in-attention hooks: RoPE rotates
-q and k, relative encodings contribute to the scores (from positions, or
-from a `ScoreContext` with q, k and the encoding's `token_features` of the
-layer input: CoPE, forgetting attention). Encodings added to the embeddings
+A module is causal or not as one property, set at construction by the
+required `causal=` (no default: Flax's module is not causal, ours once was):
+it decides both the mask and the encoding's bias (ALiBi's is -slope·(i - j)
+causal, -slope·|i - j| otherwise). A positional encoding (a registry name
+or a `PositionalEncoding`) acts here through its in-attention hooks: RoPE
+rotates q and k, relative encodings contribute to the scores (from
+positions, or from a `ScoreContext` with q, k and the encoding's
+`token_features` of the layer input: CoPE, forgetting attention). Encodings added to the embeddings
 (sinusoidal, learned) are refused: they belong to the model. How scores
 become weights (softmax, or stick-breaking) is the module's `normalization`,
 independent of the encoding.
@@ -45,6 +46,9 @@ from attention_jax.nn.self_attention import SelfAttention  # pylint: disable=unu
 from attention_jax.nn.self_attention import resolve_encoding
 from attention_jax.positional.base import ScoreContext
 
+_CAUSAL = ('MultiHeadAttention needs causal=: pass causal=True (decoder: query i sees keys '
+           'j <= i) or causal=False (encoder / cross-attention, as flax.nnx.MultiHeadAttention '
+           'computes without a mask).')
 _ORDER = ('the positional order is the lesson\'s, MultiHeadAttention(d_model, num_heads); '
           'flax.nnx.MultiHeadAttention\'s is (num_heads, in_features): write that one with '
           'keywords, MultiHeadAttention(num_heads=..., in_features=...)')
@@ -82,6 +86,10 @@ class MultiHeadAttention(KVCache, nnx.Module):
   arguments are always (d_model, num_heads), and Flax's order given
   positionally fails on `d_model % num_heads` with a message saying so.
 
+  `causal` is required: `causal=True` for a decoder (query i sees keys j <=
+  i), `causal=False` for an encoder or cross-attention (what
+  `flax.nnx.MultiHeadAttention` computes without a mask or `is_causal`).
+
   Differences from `flax.nnx.MultiHeadAttention`: positional order (above);
   `use_bias` defaults to False (Flax: True); `qkv_features` must equal the
   width (head_dim = d_model // num_heads is what the encodings read), and
@@ -94,7 +102,8 @@ class MultiHeadAttention(KVCache, nnx.Module):
   weights (dense kernel) while dropping; `kernel_init`, `precision`,
   `attention_fn`, `normalize_qk`, `keep_rngs` and sharding arguments are
   not provided. The kernels' names are the lesson's (`W_Q`, `W_K`, `W_V`,
-  `W_O`; Flax: `query`, `key`, `value`, `out`), with the same layouts.
+  `W_O`; Flax: `query`, `key`, `value`, `out`), with the same layouts:
+  `nn.from_flax` / `nn.to_flax` convert the parameters either way.
 
   Args:
     d_model: model width; inputs `[B, T, d_model]`; alias `in_features`.
@@ -106,8 +115,10 @@ class MultiHeadAttention(KVCache, nnx.Module):
     encoding: encoding acting inside attention (see module docstring).
     encoding_options: keyword options of the encoding's `build` when
       `encoding` is a name (e.g. `{'base': 500.0}` for 'rope').
-    causal: query i attends only to keys j <= i; also selects the encoding's
-      causal bias. Default True; False for bidirectional or cross-attention.
+    causal: required. True: query i attends only to keys j <= i (decoder),
+      and the encoding's causal bias; False: every query sees every key
+      (encoder, cross-attention; Flax's module without a mask). Omitting it
+      is a ValueError.
     num_kv_heads: key/value heads, dividing `num_heads`; default `num_heads`.
       Fewer is grouped-query attention, 1 is multi-query attention: smaller
       W_K/W_V and a cache `num_heads / num_kv_heads` times smaller.
@@ -152,7 +163,7 @@ class MultiHeadAttention(KVCache, nnx.Module):
                in_features: Optional[int] = None, qkv_features: Optional[int] = None,
                out_features: Optional[int] = None, in_kv_features: Optional[int] = None,
                encoding: Positional = None, encoding_options: Optional[dict] = None,
-               causal: bool = True, num_kv_heads: Optional[int] = None,
+               causal: Optional[bool] = None, num_kv_heads: Optional[int] = None,
                sliding_window: Optional[int] = None,
                max_positions: Optional[int] = None,
                use_bias: bool = False, dtype=None, param_dtype=jnp.float32,
@@ -163,6 +174,8 @@ class MultiHeadAttention(KVCache, nnx.Module):
                scalable_softmax: Optional[float] = None,
                normalization: Normalization = 'softmax',
                rngs: nnx.Rngs):
+    if causal is None:
+      raise ValueError(_CAUSAL)
     d_model = _width(d_model, in_features)
     if num_heads is None:
       raise ValueError(f'MultiHeadAttention needs num_heads; {_ORDER}.')

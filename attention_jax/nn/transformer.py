@@ -48,7 +48,7 @@ class Block(nnx.Module):
                dropout_rate: float = 0.0, deterministic: Optional[bool] = None,
                **attention_options):
     self.attention_norm = nnx.LayerNorm(d_model, rngs=rngs)
-    self.attention = MultiHeadAttention(d_model, num_heads, encoding=positional,
+    self.attention = MultiHeadAttention(d_model, num_heads, causal=True, encoding=positional,
                                         dropout_rate=dropout_rate,
                                         deterministic=deterministic,
                                         rngs=rngs, **attention_options)
