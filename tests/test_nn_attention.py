@@ -178,6 +178,60 @@ class CausalityIsOnePropertyTest(chex.TestCase, parameterized.TestCase):
     self.assertEqual(mha.implementation, 'auto')
 
 
+class FlaxCallTest(chex.TestCase, parameterized.TestCase):
+  """Flax's call, `module(inputs_q, inputs_k, inputs_v, is_causal=...)`."""
+
+  @parameterized.parameters('none', 'rope', 'alibi', 'mta', 'cope')  # mta, cope: q_slots
+  def test_flax_call_forms_are_self_attention(self, encoding):
+    mha = aj.MultiHeadAttention(16, 2, causal=True, encoding=encoding, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(4), (2, 5, 16))
+    want = mha(x)
+    for got in (mha(x, x, x), mha(x, x), mha(inputs_q=x), mha(inputs_q=x, inputs_k=x),
+                mha(x, inputs_v=x), mha(x, is_causal=True)):
+      chex.assert_trees_all_equal(got, want)
+    chex.assert_trees_all_equal(nnx.jit(lambda m, x: m(x, x, x))(mha, x),
+                                nnx.jit(lambda m, x: m(x))(mha, x))
+
+  def test_flax_call_forms_of_cross_attention(self):
+    mha = aj.MultiHeadAttention(16, 2, causal=False, encoding='rope', rngs=nnx.Rngs(0))
+    x, c = jnp.ones((2, 3, 16)), jax.random.normal(jax.random.key(5), (2, 9, 16))
+    want = mha(x, c)
+    for got in (mha(x, c, c), mha(inputs_q=x, inputs_k=c), mha(x, inputs_k=c, inputs_v=c),
+                mha(x, c, is_causal=False)):
+      chex.assert_trees_all_equal(got, want)
+
+  def test_flax_decode_call_with_the_same_inputs(self):
+    mha = aj.MultiHeadAttention(16, 2, causal=True, encoding='rope', rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(6), (1, 4, 16))
+    mha.init_cache(x.shape)
+    chex.assert_trees_all_close(mha(x, x, x, decode=True), mha(x), atol=1e-6)
+
+  @parameterized.named_parameters(
+      ('inputs_v_other', dict(inputs_v='other'), r'^inputs_v must be the keys\' input itself '
+       r'\(context, Flax\'s inputs_k; default x\).*no separate value input\.$'),
+      ('inputs_v_not_keys', dict(context='x', inputs_v='other'), r'^inputs_v must be'),
+      ('x_and_inputs_q', dict(inputs_q='x'), r'^x and inputs_q= name the same input'),
+      ('context_and_inputs_k', dict(context='x', inputs_k='x'),
+       r'^context and inputs_k= name the same input'),
+      ('no_queries', dict(x=None, inputs_k='x'), r'^MultiHeadAttention needs the queries\' '
+       r'input: x \(positional\) or inputs_q='),
+      ('is_causal_disagrees', dict(is_causal=False), r'^is_causal=False but this module has '
+       r'causal=True: causality is set at construction \(it also picks the encoding\'s '
+       r'bias\); build it with causal=False\.$'))
+  def test_flax_call_errors_name_ours(self, arguments, message):
+    mha = aj.MultiHeadAttention(16, 2, causal=True, encoding='alibi', rngs=nnx.Rngs(0))
+    named = {'x': jnp.ones((1, 4, 16)), 'other': jnp.ones((1, 4, 16))}  # two arrays
+    arguments = {k: named.get(v, v) for k, v in {'x': 'x', **arguments}.items()}
+    with self.assertRaisesRegex(ValueError, message):
+      mha(**arguments)
+
+  def test_a_causal_flax_call_on_an_encoder_is_refused(self):
+    mha = aj.MultiHeadAttention(16, 2, causal=False, rngs=nnx.Rngs(0))
+    with self.assertRaisesRegex(ValueError, r'is_causal=True but this module has '
+                                r'causal=False.*build it with causal=True'):
+      mha(jnp.ones((1, 4, 16)), is_causal=True)
+
+
 class _OnlyEmbeddings(aj.PositionalEncoding):
 
   def add_to_embeddings(self, x, positions):

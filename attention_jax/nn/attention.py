@@ -65,6 +65,32 @@ def _width(d_model, in_features):
   return width
 
 
+def _call_inputs(x, context, inputs_q, inputs_k, inputs_v, is_causal, causal: bool):
+  """(x, context) of a call written our way or Flax's: `inputs_q` is `x`,
+  `inputs_k` is `context`, `inputs_v` may only be the keys' input itself;
+  keys' input that is `x` itself (the same array) is self-attention, context
+  None. `is_causal` must agree with the module's `causal`."""
+  for ours, flax_name, a, b in (('x', 'inputs_q', x, inputs_q),
+                                ('context', 'inputs_k', context, inputs_k)):
+    if a is not None and b is not None:
+      raise ValueError(f'{ours} and {flax_name}= name the same input (ours and Flax\'s name): '
+                       'give one of them.')
+  x = inputs_q if x is None else x
+  context = inputs_k if context is None else context
+  if x is None:
+    raise ValueError('MultiHeadAttention needs the queries\' input: x (positional) or '
+                     'inputs_q= (Flax\'s name).')
+  keys_input = x if context is None else context
+  if inputs_v is not None and inputs_v is not keys_input:
+    raise ValueError('inputs_v must be the keys\' input itself (context, Flax\'s inputs_k; '
+                     'default x): the values come from it, there is no separate value input.')
+  if is_causal is not None and bool(is_causal) != causal:
+    raise ValueError(f'is_causal={is_causal} but this module has causal={causal}: causality is '
+                     'set at construction (it also picks the encoding\'s bias); build it with '
+                     f'causal={bool(is_causal)}.')
+  return x, None if context is x else context
+
+
 def resolve_deterministic(rate: float, *flags) -> bool:
   """The first of `flags` that is not None (call, then module), Flax's rule;
   with rate 0 dropout is off whatever they say."""
@@ -92,18 +118,19 @@ class MultiHeadAttention(KVCache, nnx.Module):
 
   Differences from `flax.nnx.MultiHeadAttention`: positional order (above);
   `use_bias` defaults to False (Flax: True); `qkv_features` must equal the
-  width (head_dim = d_model // num_heads is what the encodings read), and
-  there is no `inputs_v` (values come from `context`); `causal` is set once
-  at construction, not per call (`is_causal`); cross-attention is
-  `module(x, context)`; caches put heads before slots (`cached_key` is `[B,
-  H_kv, T_max, D]`, Flax's `[B, T_max, H_kv, D]`), hold the positions too,
-  and a decode call may append several tokens at once; the cache paths
-  (`extend`, `decode=True`) never drop; `dropout_rate > 0` forms the
-  weights (dense kernel) while dropping; `kernel_init`, `precision`,
-  `attention_fn`, `normalize_qk`, `keep_rngs` and sharding arguments are
-  not provided. The kernels' names are the lesson's (`W_Q`, `W_K`, `W_V`,
-  `W_O`; Flax: `query`, `key`, `value`, `out`), with the same layouts:
-  `nn.from_flax` / `nn.to_flax` convert the parameters either way.
+  width (head_dim = d_model // num_heads is what the encodings read); the
+  call takes Flax's `inputs_q`/`inputs_k` (our `x`/`context`), but
+  `inputs_v` only as the keys' input itself (values come from `context`);
+  `causal` is set once at construction: a call's `is_causal` must agree;
+  caches put heads before slots (`cached_key` is `[B, H_kv, T_max, D]`,
+  Flax's `[B, T_max, H_kv, D]`), hold the positions too, and a decode call
+  may append several tokens at once; the cache paths (`extend`,
+  `decode=True`) never drop; `dropout_rate > 0` forms the weights (dense
+  kernel) while dropping; `kernel_init`, `precision`, `attention_fn`,
+  `normalize_qk`, `keep_rngs` and sharding arguments are not provided. The
+  kernels' names are the lesson's (`W_Q`, `W_K`, `W_V`, `W_O`; Flax:
+  `query`, `key`, `value`, `out`), with the same layouts: `nn.from_flax` /
+  `nn.to_flax` convert the parameters either way.
 
   Args:
     d_model: model width; inputs `[B, T, d_model]`; alias `in_features`.
@@ -231,7 +258,12 @@ class MultiHeadAttention(KVCache, nnx.Module):
       setattr(self, f'cached_{name}', nnx.data(None))
     self.cache_index = nnx.data(None)
 
-  def __call__(self, x: jnp.ndarray, context: Optional[jnp.ndarray] = None, *,
+  def __call__(self, x: Optional[jnp.ndarray] = None,
+               context: Optional[jnp.ndarray] = None,
+               inputs_v: Optional[jnp.ndarray] = None, *,
+               inputs_q: Optional[jnp.ndarray] = None,
+               inputs_k: Optional[jnp.ndarray] = None,
+               is_causal: Optional[bool] = None,
                mask: Optional[jnp.ndarray] = None,
                bias: Optional[jnp.ndarray] = None,
                positions: Optional[jnp.ndarray] = None,
@@ -242,9 +274,17 @@ class MultiHeadAttention(KVCache, nnx.Module):
                decode: Optional[bool] = None):
     """Self-attention over `x`, or cross-attention from `x` to `context`.
 
+    Flax's call, `module(inputs_q, inputs_k, inputs_v, is_causal=...)`, works
+    too: `module(x, x, x)` is `module(x)`.
+
     Args:
-      x: queries' inputs `[B, T_q, d_model]`.
-      context: keys'/values' inputs `[B, T_k, in_kv_features]`; default `x`.
+      x: queries' inputs `[B, T_q, d_model]`; alias `inputs_q`.
+      context: keys'/values' inputs `[B, T_k, in_kv_features]`; default `x`
+        (`x` itself is self-attention); alias `inputs_k`.
+      inputs_v: Flax's value input: only the keys' input itself (values are
+        projected from the keys' input); anything else is a ValueError.
+      inputs_q, inputs_k: Flax's names for `x` and `context` (give one name).
+      is_causal: Flax's per-call flag: None, or the module's `causal`.
       mask: boolean `[T_q, T_k]` or `[B|1, H|1, T_q, T_k]`, True = attend,
         combined with the module's causal mask and window.
       bias: additive, `[T_q, T_k]` or `[B|1, H|1, T_q, T_k]`.
@@ -266,6 +306,7 @@ class MultiHeadAttention(KVCache, nnx.Module):
       out `[B, T_q, out_features]`, or `(out, weights float32 [B, H, T_q,
       T_k])` with `return_weights`.
     """
+    x, context = _call_inputs(x, context, inputs_q, inputs_k, inputs_v, is_causal, self.causal)
     if self.decode if decode is None else decode:
       return self._decode(x, context, positions, mask, bias, kv_lengths,
                           return_weights or sow_weights)
