@@ -9,6 +9,7 @@ from absl.testing import parameterized
 from flax import nnx
 
 from attention_jax import positional as pe
+from attention_jax.positional.sinusoidal import sinusoidal_frequencies
 from tests import references as ref
 
 
@@ -205,6 +206,49 @@ class RegistryTest(parameterized.TestCase):
       pe.register_encoding('a:b', _HeadOffsets)
     with self.assertRaisesRegex(TypeError, 'not a PositionalEncoding subclass'):
       pe.register_encoding('x', dict)
+
+  @parameterized.named_parameters(
+      ('rope_base_negative', 'rope', dict(base=-1.0),
+       r'^rope: base=-1.0 must be a finite number > 1 \(θ_i = base\^\(-2i/D\) must fall'),
+      ('rope_base_zero', 'rope', dict(base=0.0), r'^rope: base=0.0 must be a finite number > 1'),
+      ('rope_base_text', 'rope', dict(base='abc'), r"^rope: base='abc' must be a finite number"),
+      ('rope_base_inf', 'rope', dict(base=float('inf')), r'^rope: base=inf must be a finite'),
+      ('sinusoidal_base', 'sinusoidal', dict(base=1.0), r'^sinusoidal: base=1.0 must be a finite'),
+      ('windowed_rope_base', 'windowed_rope', dict(base=-5.0), r'^windowed_rope: base=-5.0'),
+      ('windowed_rope_sink', 'windowed_rope', dict(sink=1), r'^windowed_rope: sink=1 must be '
+       'True or False'),
+      ('t5_buckets', 't5', dict(num_buckets=1.5), r'^t5: num_buckets=1.5 must be an integer >= 2'),
+      ('t5_distance', 't5', dict(max_distance=0), r'^t5: max_distance=0 must be an integer >= 1'),
+      ('learned_stddev', 'learned', dict(stddev=float('nan')), r'^learned: stddev=nan must be'),
+      ('learned_check', 'learned', dict(check_positions='no'), r"^learned: check_positions='no'"),
+      ('fire_eps', 'fire', dict(eps=0), r'^fire: eps=0 must be a finite number > 0\.$'),
+      ('fox_bias', 'fox', dict(bias_init=True), r'^fox: bias_init=True must be a finite number\.$'),
+  )
+  def test_bad_option_value_names_the_option(self, name, options, message):
+    with self.assertRaisesRegex(ValueError, message):
+      pe.make_encoding(name, d_model=16, num_heads=2, max_positions=8, rngs=nnx.Rngs(0),
+                       **options)
+
+  def test_pure_frequencies_refuse_a_bad_base(self):
+    for function in (pe.rope_frequencies, sinusoidal_frequencies):
+      with self.assertRaisesRegex(ValueError, r'base=-1.0 must be a finite number > 1'):
+        function(16, base=-1.0)
+    self.assertTrue(np.all(np.isfinite(pe.rope_frequencies(16, base=2))))  # ints are numbers
+
+  def test_position_limits_are_asked_before_tracing(self):
+    xpos = pe.make_encoding('xpos', d_model=16, num_heads=2)
+    limit = xpos.position_limit()
+    xpos.check_position_range(0, limit)  # the last representable position is fine
+    with self.assertRaisesRegex(ValueError, rf'xpos: query and key positions range over '
+                                rf'\[0, {limit + 1}\] .*\(\|position - centre\| <= {limit}\)'):
+      xpos.check_position_range(0, limit + 1)
+    table = pe.make_encoding('learned', d_model=16, num_heads=2, max_positions=8,
+                             rngs=nnx.Rngs(0))
+    table.check_position_range(0, 7)
+    with self.assertRaisesRegex(ValueError, r'range over \[0, 8\] but the learned table has '
+                                'max_positions=8'):
+      table.check_position_range(0, 8)
+    pe.make_encoding('rope', d_model=16, num_heads=2).check_position_range(0, 2**30)  # no limit
 
   def test_heads_must_divide_width(self):
     with self.assertRaisesRegex(ValueError, 'num_heads=3 does not divide d_model=8'):

@@ -30,6 +30,7 @@ from attention_jax.positional import parse_encoding_spec
 from attention_jax.positional.base import ScoreContext
 from attention_jax.positional.rope import SCALINGS
 from attention_jax.lab.models import MODEL_KINDS
+from attention_jax.lab.models import coupled_max_position
 from attention_jax.lab.models import longest_sequence
 from attention_jax.lab.models import randomized_max_position
 from attention_jax.lab.models import STICK_BREAKING_SUFFIX
@@ -136,7 +137,11 @@ def kernel_refusal(config: ml_collections.ConfigDict, spec: str) -> Optional[str
   except (ValueError, TypeError) as e:
     if not options and m.attention_implementation in ('auto', 'dense'):
       return None  # not the options: the model checks below name the field
-    return f'model.encoding_options.{name}: {e}'
+    text = str(e)
+    if text.startswith(f'{name}: ') and text[len(name) + 2:].split('=')[0] in options:
+      # 'rope: base=-1.0 must be …' -> the config key itself
+      return f'model.encoding_options.{name}.{text[len(name) + 2:]}'
+    return f'model.encoding_options.{name}: {text}'
   if m.attention_implementation in ('auto', 'dense'):
     return None
   positions = np.array([0, 2, 5]) if modifier else np.arange(3)
@@ -155,6 +160,32 @@ def kernel_refusal(config: ml_collections.ConfigDict, spec: str) -> Optional[str
     select_implementation(m.attention_implementation, request)
   except ValueError as e:
     return f'model.attention_implementation={m.attention_implementation!r} with {spec!r}: {e}'
+  return None
+
+
+def position_refusal(config: ml_collections.ConfigDict, spec: str,
+                     task_names) -> Optional[str]:
+  """Why encoding `spec` cannot serve the positions the run reads at
+  eval.max_length on one of `task_names` (the encoding's own limit,
+  `check_position_range`: xPos's scales, a table's rows); None if it can.
+  Asked before training, so a limit never ends a trained run unevaluated."""
+  m = config.model
+  name = spec.partition(':')[0]
+  options = dict((m.get('encoding_options') or {}).get(name) or {})
+  try:  # no table size: the learned table's rows have a check of their own below
+    encoding = make_encoding(name, d_model=m.d_model, num_heads=m.num_heads,
+                             max_positions=None, causal=True, rngs=nnx.Rngs(0), **options)
+  except (ValueError, TypeError):
+    return None  # kernel_refusal and the model checks name what is wrong
+  for task in task_names:
+    c = ml_collections.ConfigDict(config.to_dict())
+    c.task.name, c.model.kind, c.model.encoding = task, 'transformer', spec
+    hi = max(longest_sequence(c), randomized_max_position(c), coupled_max_position(c)) - 1
+    try:
+      encoding.check_position_range(0, hi)
+    except ValueError as e:
+      return (f'eval.max_length={config.eval.max_length} on {task!r} reads positions 0 … '
+              f'{hi}, past what {spec!r} serves: {e}')
   return None
 
 
@@ -204,6 +235,10 @@ def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -
     _require(isinstance(n, int) and 1 <= n <= ev.max_length,
              f'eval.lengths contains {n!r}; each must be an integer in 1…'
              f'eval.max_length={ev.max_length}.')
+  repeated = sorted({n for n in ev.lengths if list(ev.lengths).count(n) > 1})
+  # Each length is one row per run in results.csv: a repeat would be two.
+  _require(not repeated, f'eval.lengths={tuple(ev.lengths)!r} repeats '
+           f'{", ".join(map(str, repeated))}; give each length once.')
   devices = jax.device_count()
   _require(tr.batch_size % devices == 0,
            f'train.batch_size={tr.batch_size} is not divisible by the {devices} devices '
@@ -279,7 +314,7 @@ def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -
     if norm:
       asked = ml_collections.ConfigDict(config.to_dict())
       asked.model.normalization = norm
-    refusal = kernel_refusal(asked, spec)
+    refusal = kernel_refusal(asked, spec) or position_refusal(asked, spec, task_names)
     _require(refusal is None, refusal)
   encodings = {name for name, _ in parsed}
   randomized = any(r for _, r in parsed)

@@ -42,6 +42,42 @@ from attention_jax.attention.scores import NoBias
 from attention_jax.attention.scores import ScoreBias
 
 
+def real_option(encoding: str, name: str, value, *, above=None, at_least=None,
+                why: str = '') -> float:
+  """`value` as a float if it is a finite real number (not a bool) `> above`
+  / `>= at_least`; else a ValueError naming the encoding, the option, the
+  value and what is allowed (`why` says what the bound protects). Every
+  encoding's `build` checks its options with these, so the library and the
+  lab's config checks give one message."""
+  ok = (not isinstance(value, (bool, np.bool_))
+        and isinstance(value, (int, float, np.integer, np.floating)) and np.isfinite(value)
+        and (above is None or value > above) and (at_least is None or value >= at_least))
+  if not ok:
+    bound = (f' > {above:g}' if above is not None else '') + (
+        f' >= {at_least:g}' if at_least is not None else '')
+    raise ValueError(f'{encoding}: {name}={value!r} must be a finite number{bound}'
+                     + (f' ({why})' if why else '') + '.')
+  return float(value)
+
+
+def integer_option(encoding: str, name: str, value, *, at_least=None, why: str = '') -> int:
+  """`value` as an int if it is an integer (not a bool) `>= at_least`; else
+  a ValueError as `real_option`'s."""
+  if (isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer))
+      or (at_least is not None and value < at_least)):
+    bound = f' >= {at_least}' if at_least is not None else ''
+    raise ValueError(f'{encoding}: {name}={value!r} must be an integer{bound}'
+                     + (f' ({why})' if why else '') + '.')
+  return int(value)
+
+
+def flag_option(encoding: str, name: str, value) -> bool:
+  """`value` if it is True or False; else a ValueError naming it."""
+  if not isinstance(value, (bool, np.bool_)):
+    raise ValueError(f'{encoding}: {name}={value!r} must be True or False.')
+  return bool(value)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class ScoreContext:
   """What one attention call offers an encoding's `score_contribution`.
@@ -167,6 +203,14 @@ class PositionalEncoding(nnx.Module):
     positions-only `score_bias`; override this one when the contribution
     depends on q, k or `token_features` (CoPE, forgetting attention)."""
     return self.score_bias(context.q_positions, context.k_positions)
+
+  def check_position_range(self, lo: int, hi: int, dtype=jnp.float32) -> None:
+    """A ValueError naming the limit if this encoding cannot serve positions
+    `lo … hi` in `dtype` (a table too short, scales past the dtype's range);
+    nothing by default (no limit). For a caller that knows its longest
+    positions before anything is traced or trained, such as the lab's
+    config checks, so that a limit fails first, not after training."""
+    del lo, hi, dtype
 
   @property
   def acts_in_attention(self) -> bool:

@@ -73,6 +73,7 @@ from attention_jax.attention.scores import relative_distance
 from attention_jax.positional.base import PositionalEncoding
 from attention_jax.positional.base import torch_linear_init
 from attention_jax.positional.base import heads_rank4
+from attention_jax.positional.base import real_option
 
 
 def fire_psi(c: jnp.ndarray, x: jnp.ndarray) -> jnp.ndarray:
@@ -111,13 +112,6 @@ def fire_bias(w1: jnp.ndarray, b1: jnp.ndarray, w2: jnp.ndarray, b2: jnp.ndarray
   return out + f32(b2)[:, None, None]
 
 
-def _check_positive(name: str, value) -> float:
-  if (isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating))
-      or not np.isfinite(value) or value <= 0):
-    raise ValueError(f'fire: {name}={value!r} must be a finite number > 0.')
-  return float(value)
-
-
 class FIRE(PositionalEncoding):
   """'fire': a learned MLP of the log-normalised distance, one output per head."""
 
@@ -147,9 +141,10 @@ class FIRE(PositionalEncoding):
     if (isinstance(mlp_width, bool) or not isinstance(mlp_width, (int, np.integer))
         or mlp_width < 1):
       raise ValueError(f'fire: mlp_width={mlp_width!r} must be an integer >= 1.')
-    init_c = _check_positive('init_c', init_c)  # c = 0 would give f_θ a constant input
-    init_threshold = _check_positive('init_threshold', init_threshold)
-    eps = _check_positive('eps', eps)  # keeps 0 / 0 away should c reach 0
+    # c = 0 would give f_θ a constant input; eps keeps 0 / 0 away should c reach 0.
+    init_c = real_option('fire', 'init_c', init_c, above=0)
+    init_threshold = real_option('fire', 'init_threshold', init_threshold, above=0)
+    eps = real_option('fire', 'eps', eps, above=0)
     if rngs is None:
       raise ValueError('fire: needs rngs (nnx.Rngs) to initialise its MLP.')
     return cls(num_heads, rngs=rngs, mlp_width=int(mlp_width), init_c=init_c,

@@ -78,6 +78,7 @@ from attention_jax.attention.scores import DifferenceBias
 from attention_jax.attention.scores import is_arange
 from attention_jax.positional.base import PositionalEncoding
 from attention_jax.positional.base import ScoreContext
+from attention_jax.positional.base import real_option
 
 
 def log_forget_gates(x: jnp.ndarray, kernel: jnp.ndarray, bias: jnp.ndarray) -> jnp.ndarray:
@@ -123,18 +124,6 @@ def decay_time_bias(num_heads: int, t_min: float, t_max: float) -> np.ndarray:
   return (-np.log(np.expm1(1.0 / t))).astype(np.float32)
 
 
-def _check_number(name: str, value, allowed: str = 'any') -> float:
-  """A finite real number (`allowed`: 'any', '>= 0' or '> 0'), else a ValueError."""
-  ok = (not isinstance(value, bool) and isinstance(value, (int, float, np.integer, np.floating))
-        and np.isfinite(value))
-  if ok and allowed != 'any':
-    ok = value > 0 if allowed == '> 0' else value >= 0
-  if not ok:
-    raise ValueError(f'fox: {name}={value!r} must be a finite number'
-                     + ('' if allowed == 'any' else f' {allowed}') + '.')
-  return float(value)
-
-
 class FoX(PositionalEncoding):
   """'fox': a data-dependent forget gate per head; adds c_i − c_j to the scores.
 
@@ -171,8 +160,8 @@ class FoX(PositionalEncoding):
       raise ValueError('fox: forgetting attention is causal (a key decays by the gates of '
                        'the tokens after it, up to the query); causal=False is not '
                        'supported.')
-    weight_std = _check_number('weight_std', weight_std, '>= 0')
-    bias = bias_init = _check_number('bias_init', bias_init)
+    weight_std = real_option('fox', 'weight_std', weight_std, at_least=0)
+    bias = bias_init = real_option('fox', 'bias_init', bias_init)
     if decay_times is not None and not isinstance(decay_times, (tuple, list, np.ndarray)):
       raise ValueError(f'fox: decay_times={decay_times!r} must be (T_min, T_max), () or None.')
     times = () if decay_times is None else tuple(decay_times)
@@ -180,8 +169,8 @@ class FoX(PositionalEncoding):
       if len(times) != 2:
         raise ValueError(f'fox: decay_times={decay_times!r} must be (T_min, T_max), () or '
                          'None.')
-      t_min = _check_number('decay_times[0]', times[0], '> 0')
-      t_max = _check_number('decay_times[1]', times[1], '> 0')
+      t_min = real_option('fox', 'decay_times[0]', times[0], above=0)
+      t_max = real_option('fox', 'decay_times[1]', times[1], above=0)
       if bias_init != 0.0:
         raise ValueError(f'fox: give bias_init={bias_init!r} or decay_times={times!r}, '
                          'not both.')

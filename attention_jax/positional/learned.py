@@ -17,6 +17,8 @@ import numpy as np
 from flax import nnx
 
 from attention_jax.positional.base import PositionalEncoding
+from attention_jax.positional.base import flag_option
+from attention_jax.positional.base import real_option
 
 
 def _out_of_range_message(lo: int, hi: int, max_positions: int) -> str:
@@ -69,8 +71,14 @@ class Learned(PositionalEncoding):
     """Options: `stddev` of the table's initialisation, `check_positions`
     (the run-time range check of traced positions; see the module docstring)."""
     del num_heads, causal
+    stddev = real_option('learned', 'stddev', stddev, at_least=0)
+    check_positions = flag_option('learned', 'check_positions', check_positions)
     return cls(max_positions, d_model, rngs=rngs, stddev=stddev,
                check_positions=check_positions)
+
+  def check_position_range(self, lo: int, hi: int, dtype=jnp.float32) -> None:
+    del dtype  # rows of any dtype
+    _raise_if_out_of_range(lo, hi, self.max_positions)
 
   def add_to_embeddings(self, x, positions):
     return x + learned_lookup(self.table[...], positions,

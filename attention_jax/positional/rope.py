@@ -54,12 +54,15 @@ import numpy as np
 
 from attention_jax.positional.angles import rotation_angles
 from attention_jax.positional.base import PositionalEncoding
+from attention_jax.positional.base import real_option
 
 
 def rope_frequencies(head_dim: int, base: float = 10000.0) -> np.ndarray:
   """θ_i = base^(-2i/head_dim), float64 `[head_dim // 2]`."""
   if head_dim < 2 or head_dim % 2:
     raise ValueError(f'RoPE needs an even head_dim >= 2, got {head_dim}.')
+  base = real_option('rope', 'base', base, above=1,
+                     why='θ_i = base^(-2i/D) must fall with i; the usual base is 10000')
   return base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
 
 
@@ -175,7 +178,7 @@ class RoPE(PositionalEncoding):
                scaling: Optional[RopeScaling] = None):
     rope_frequencies(head_dim, base)  # validate early
     self.head_dim = head_dim
-    self.base = base
+    self.base = float(base)
     # Static (part of the graph): set it to evaluate with context extension,
     # e.g. through `attention_jax.lab.evaluate.rope_scaled`.
     self.scaling = scaling

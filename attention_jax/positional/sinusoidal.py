@@ -12,12 +12,15 @@ import numpy as np
 
 from attention_jax.positional.angles import rotation_angles
 from attention_jax.positional.base import PositionalEncoding
+from attention_jax.positional.base import real_option
 
 
 def sinusoidal_frequencies(dim: int, base: float = 10000.0) -> np.ndarray:
   """ω_i = base^(-2i/dim) for i = 0 … ceil(dim/2) - 1, float64 `[ceil(dim/2)]`."""
   if dim < 1:
     raise ValueError(f'dim must be >= 1, got {dim}.')
+  base = real_option('sinusoidal', 'base', base, above=1,
+                     why='ω_i = base^(-2i/d) must fall with i; the usual base is 10000')
   return base ** (-np.arange(0, dim, 2, dtype=np.float64) / dim)
 
 
@@ -40,8 +43,9 @@ class Sinusoidal(PositionalEncoding):
   """'sinusoidal': adds `sinusoidal_at(positions, d_model)` to the embeddings."""
 
   def __init__(self, d_model: int, base: float = 10000.0):
+    sinusoidal_frequencies(d_model, base)  # validate early
     self.d_model = d_model
-    self.base = base
+    self.base = float(base)
 
   @classmethod
   def build(cls, *, d_model, num_heads, max_positions, causal, rngs, base=10000.0):

@@ -17,6 +17,7 @@ from flax import nnx
 from attention_jax.attention.scores import relative_distance
 from attention_jax.positional.base import PositionalEncoding
 from attention_jax.positional.base import heads_rank4
+from attention_jax.positional.base import integer_option
 
 
 def relative_position_bucket(q_positions, k_positions, *, causal: bool = True,
@@ -59,6 +60,9 @@ class T5RelativeBias(PositionalEncoding):
   def build(cls, *, d_model, num_heads, max_positions, causal, rngs, num_buckets=32,
             max_distance=128):
     del d_model, max_positions
+    num_buckets = integer_option('t5', 'num_buckets', num_buckets, at_least=2 if causal else 4,
+                                 why='half of them exact distances, the rest log-spaced')
+    max_distance = integer_option('t5', 'max_distance', max_distance, at_least=1)
     return cls(num_heads, causal=causal, num_buckets=num_buckets,
                max_distance=max_distance, rngs=rngs)
 

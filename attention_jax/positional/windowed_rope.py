@@ -37,6 +37,8 @@ import numpy as np
 from attention_jax.attention import MASK_VALUE
 from attention_jax.attention.scores import WindowBias
 from attention_jax.attention.scores import relative_distance
+from attention_jax.positional.base import flag_option
+from attention_jax.positional.base import real_option
 from attention_jax.positional.rope import RoPE
 
 
@@ -97,6 +99,9 @@ class WindowedRoPE(RoPE):
     `sink` (keys at id 0 visible to every windowed head), `base` (RoPE)."""
     del max_positions, causal, rngs  # symmetric by design; no parameters
     windows = resolve_windows(num_heads, num_windowed_heads, windows, window)
+    sink = flag_option('windowed_rope', 'sink', sink)
+    base = real_option('windowed_rope', 'base', base, above=1,
+                       why='RoPE\'s θ_i = base^(-2i/D) must fall with i')
     return cls(d_model // num_heads, num_heads, windows, sink, base)
 
   def attention_bias(self, q_positions, k_positions):

@@ -207,6 +207,10 @@ class XPos(PositionalEncoding):
     """The largest |position - centre| allowed for inputs of `dtype`."""
     return xpos_position_limit(self.head_dim, self.scale_base, dtype)
 
+  def check_position_range(self, lo: int, hi: int, dtype=jnp.float32) -> None:
+    _check_static_range(np.array([lo, hi]), self.centre, self.position_limit(dtype), dtype,
+                        self.head_dim, self.scale_base, 'query and key')
+
   def rotate_queries_keys(self, q, k, q_positions, k_positions):
     """q `[B, T_q, H, D]`, k `[B, T_k, H, D]`, positions `[T]` or `[B, T]`
     -> (q upscaled, k downscaled), same shapes and dtypes."""
