@@ -14,6 +14,7 @@ from absl import app
 from flax import nnx
 
 import attention_jax as aj
+from attention_jax.lab.runtime import parse_flags
 
 
 def main(argv):
@@ -49,4 +50,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)  # its one-line errors, and no libtpu line

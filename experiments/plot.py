@@ -21,6 +21,7 @@ from absl import flags
 
 from attention_jax.lab import workdirs
 from attention_jax.lab.runtime import USAGE_ERROR
+from attention_jax.lab.runtime import parse_flags
 from attention_jax.lab.validate import ConfigError
 
 _WORKDIRS = flags.DEFINE_multi_string('workdir', None, 'Workdir(s) to read.', required=True)
@@ -41,4 +42,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -145,6 +145,26 @@ class ParseFlagsTest(parameterized.TestCase):
     _parse(TINY, f'--workdir={folder}/new/run')  # a writable parent is enough
     self.assertFalse(os.path.exists(f'{folder}/new'))
 
+  def test_workdir_that_cannot_be_made(self):
+    self.assertEqual(_exit_line(lambda: _parse(TINY, '--workdir=')),
+                     "error: --workdir='' is empty; name the folder to write into, e.g. "
+                     '--workdir=runs/copy.')
+    # A virtual filesystem passes root's permission check but makes no folder.
+    self.assertRegex(_exit_line(lambda: _parse(TINY, '--workdir=/proc/no_such/run')),
+                     r"^error: --workdir='/proc/no_such/run' cannot be written \(.+, under "
+                     r"'/proc'\); choose a folder you can write to\.$")
+    existing = tempfile.mkdtemp()
+    _parse(TINY, f'--workdir={existing}')  # an existing folder: probed, left as it was
+    self.assertEqual(os.listdir(existing), [])
+
+  def test_config_file_with_a_syntax_error_is_one_line(self):
+    path = os.path.join(tempfile.mkdtemp(), 'broken.py')
+    pathlib.Path(path).write_text('import ml_collections\n\ndef get_config(:\n  return 1\n')
+    for extra in ((), ('--config.train.seed=1',)):  # read by absl, or by parse_flags first
+      self.assertEqual(_exit_line(lambda: _parse(f'--config={path}', *extra)),
+                       f'error: --config={path}: {path}, line 3: invalid syntax (a syntax '
+                       'error in the config file).')
+
 
 def _config(**overrides):
   c = copy_config.get_config('size=tiny')
@@ -238,7 +258,8 @@ class EntryPointProcessTest(absltest.TestCase):
   def test_every_config_entry_point_parses_with_parse_flags(self):
     for path in sorted((ROOT / 'experiments').glob('*.py')):
       source = path.read_text()
-      if 'DEFINE_config_file' in source or path.name == 'cli.py':
+      # Every command: its one-line errors and the libtpu filter (make demo too).
+      if 'app.run(' in source or path.name == 'cli.py':
         self.assertRegex(source, r'app\.run\(main, flags_parser=parse_flags\)', path.name)
 
   def test_commands_print_one_line_and_leave_nothing(self):
@@ -247,7 +268,17 @@ class EntryPointProcessTest(absltest.TestCase):
          r'error: invalid config: study.encodings is empty'),
         # A real allocation failure, refused at once: the MLP's 16 TiB bias.
         (('experiments.train', '--config.model.mlp_dim=4398046511104'),
-         r'error: Out of memory .*bytes; reduce train.batch_size, eval.batch_size, ')):
+         r'error: Out of memory .*bytes; reduce train.batch_size, eval.batch_size, '),
+        # An option the config does not list, checked where the encoding is built.
+        (('experiments.train', '--config.model.encoding=rope',
+          '--config.model.encoding_options.rope.base=-1.0'),
+         r'error: invalid config: model.encoding_options.rope.base=-1.0 must be a finite '
+         r'number > 1'),
+        # An encoding's own length limit, before training (it used to fail after it).
+        (('experiments.train', '--config.model.encoding=xpos', '--config.eval.max_length=20000',
+          '--config.eval.lengths=(4,20000)'),
+         r"error: invalid config: eval.max_length=20000 on 'copy' reads positions 0 … 40001, "
+         r"past what 'xpos' serves")):
       workdir = os.path.join(tempfile.mkdtemp(), 'new')
       out = _process(*args, TINY, f'--workdir={workdir}')
       self.assertEqual(out.returncode, 2, out.stderr[-3000:])
@@ -255,6 +286,7 @@ class EntryPointProcessTest(absltest.TestCase):
       self.assertLen(lines, 1, out.stderr)  # no traceback, no libtpu line
       self.assertRegex(lines[0], '^' + message)
       self.assertFalse(os.path.exists(workdir), os.listdir(os.path.dirname(workdir)))
+
 
 
 if __name__ == '__main__':

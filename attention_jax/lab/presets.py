@@ -78,16 +78,25 @@ class _PresetParser(flags.ArgumentParser):
 
   def parse(self, argument):
     try:
-      argument = resolve(argument)
+      resolved = resolve(argument)
     except ConfigError as e:
       # Raised, absl would print it as a two-line "FATAL Flags parsing error"
       # and exit 1; a bad command line here is one line and exit 2.
-      print(f'error: {e}', file=sys.stderr)
-      sys.exit(USAGE_ERROR)
-    return self._parser.parse(argument)
+      _usage_exit(str(e))
+    try:
+      return self._parser.parse(resolved)
+    except SyntaxError as e:  # the file cannot be read as Python: where, not a traceback
+      where = f'{e.filename or resolved.partition(":")[0]}, line {e.lineno}'
+      _usage_exit(f'--config={argument}: {where}: {e.msg} (a syntax error in the config '
+                  'file).')
 
   def flag_type(self):
     return self._parser.flag_type()
+
+
+def _usage_exit(message: str) -> None:
+  print(f'error: {message}', file=sys.stderr)
+  sys.exit(USAGE_ERROR)
 
 
 def DEFINE_config_file(name: str, default: str, help_string: str,  # pylint: disable=invalid-name

@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 from typing import Optional, Sequence
 
 import jax
@@ -115,9 +116,17 @@ def check_workdir(path: str) -> None:
   """Refuses a --workdir that is a file, or that cannot be written (itself,
   or the folder it would be made in), before anything runs.
 
+  The folder is made and removed again (with the folders above it that it
+  needed), and an existing one gets a probe file: permission bits do not
+  tell (root passes `os.access` on a read-only or virtual filesystem such
+  as /proc), only a real write does. Nothing is left behind.
+
   Raises:
     ConfigError: naming the path and what is wrong with it.
   """
+  if not path.strip():
+    raise ConfigError(f'--workdir={path!r} is empty; name the folder to write into, '
+                      'e.g. --workdir=runs/copy.')
   if os.path.exists(path) and not os.path.isdir(path):
     raise ConfigError(f'--workdir={path!r} is a file; it must be a folder (or not exist yet).')
   existing = os.path.abspath(path)
@@ -128,6 +137,27 @@ def check_workdir(path: str) -> None:
   if not os.access(existing, os.W_OK | os.X_OK):
     raise ConfigError(f'--workdir={path!r}: {existing!r} is not writable; choose a folder '
                       'you can write to.')
+  try:
+    _probe_write(os.path.abspath(path), existing)
+  except OSError as e:
+    raise ConfigError(f'--workdir={path!r} cannot be written ({e.strerror or e}, under '
+                      f'{existing!r}); choose a folder you can write to.') from None
+
+
+def _probe_write(path: str, existing: str) -> None:
+  """Makes `path` (under `existing`, the deepest folder that exists) and a
+  file in it, then removes what it made."""
+  made = path if path != existing else None
+  if made:
+    os.makedirs(path)
+  try:
+    fd, probe = tempfile.mkstemp(dir=path, prefix='.write-probe-')
+    os.close(fd)
+    os.remove(probe)
+  finally:
+    while made and made != existing:
+      os.rmdir(made)
+      made = os.path.dirname(made)
 
 
 def _folders(root: str) -> set:
