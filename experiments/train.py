@@ -14,6 +14,7 @@ from absl import app
 from absl import flags
 
 from attention_jax.lab import presets
+from attention_jax.lab import results
 from attention_jax.lab.runtime import entry_point
 from attention_jax.lab.runtime import parse_flags
 from attention_jax.lab.study import run_one
@@ -30,9 +31,7 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   with entry_point(_CONFIG.value):
     rows = run_one(_CONFIG.value, _WORKDIR.value, log=print, reevaluate=_REEVALUATE.value)
-  print(f"{'length':>8} {'token acc':>10} {'exact':>8}")
-  for r in rows:
-    print(f"{r['length']:>8} {100 * r['token_accuracy']:>9.1f}% {100 * r['exact_match']:>7.1f}%")
+  print(results.run_table(rows))
 
 
 if __name__ == '__main__':

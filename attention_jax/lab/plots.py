@@ -76,9 +76,9 @@ def plot_extrapolation(rows: Sequence[dict], path: str, *, train_min: Optional[i
         seeds = len({r['seed'] for r in sel})
         label = f'{source}:{enc}' if source else enc
         # Variants of an encoding (NAME:randomized, rope+pi) dashed.
-        line, = ax.plot(lengths, 100 * mean, label=f'{label} ({seeds} seeds)', lw=1.8,
-                        color=_color(i),
-                        ls='--' if (':' in enc or '+' in enc) else '-')
+        count = f'{seeds} seed' + ('s' if seeds != 1 else '')
+        line, = ax.plot(lengths, 100 * mean, label=f'{label} ({count})', lw=1.8,
+                        color=_color(i), ls='--' if (':' in enc or '+' in enc) else '-')
         ax.fill_between(lengths, 100 * lo, 100 * hi, color=line.get_color(), alpha=0.18)
       if metric == 'exact_match':
         _draw_ceiling(ax, [c for c in ceilings if c['task'] == task])

@@ -51,6 +51,20 @@ def read_rows(path: str) -> list[dict]:
   return rows
 
 
+def run_table(rows: Sequence[dict]) -> str:
+  """One run's rows as the text `experiments.train` prints: a table per
+  evaluated variant (the encoding, then e.g. rope+pi, rope+yarn), each
+  headed by its label as results.csv's encoding column writes it."""
+  blocks = []
+  for label in dict.fromkeys(r['encoding'] for r in rows):
+    lines = [f"{label} ({rows[0]['task']}, seed {rows[0]['seed']}):",
+             f"{'length':>8} {'token acc':>10} {'exact':>8}"]
+    lines += [f"{r['length']:>8} {100 * r['token_accuracy']:>9.1f}% "
+              f"{100 * r['exact_match']:>7.1f}%" for r in rows if r['encoding'] == label]
+    blocks.append('\n'.join(lines))
+  return '\n\n'.join(blocks)
+
+
 def _per_seed(rows, lengths) -> list[float]:
   """For each seed, the metric averaged over `lengths` (missing: no value)."""
   by_seed: dict[int, list[float]] = {}
