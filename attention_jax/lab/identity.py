@@ -25,6 +25,7 @@ import glob
 import json
 import os
 import re
+import time
 from typing import Optional
 
 import jax
@@ -53,6 +54,8 @@ RUN_KEYS = ('task.name', 'model.kind', 'model.encoding', 'train.seed')
 HINT = ('use a new --workdir, or --config.study.on_mismatch=retrain to train into a '
         'fresh run directory.')
 _MISSING = '(absent)'
+# The run directory's record of its extensions (see the module docstring).
+EXTENSIONS = 'extensions.json'
 # Fields added to the config after runs were made with older code: a stored
 # config without one was trained as its value here says (what the older code
 # did), so an upgrade does not turn finished runs into mismatches.
@@ -130,11 +133,18 @@ def read_config(run_dir: str) -> Optional[ml_collections.ConfigDict]:
     return None
 
 
+def checkpoint_steps(run_dir: Optional[str]) -> list[int]:
+  """Steps of `run_dir`'s checkpoints by folder name, in order (the restore
+  itself decides what is readable)."""
+  checkpoints = os.path.join(run_dir, 'checkpoints') if run_dir else ''
+  if not os.path.isdir(checkpoints):
+    return []
+  return sorted(int(n) for n in os.listdir(checkpoints) if n.isdigit())
+
+
 def has_trained_state(run_dir: str) -> bool:
   """Whether anything trained is in `run_dir`: a checkpoint or results."""
-  checkpoints = os.path.join(run_dir, 'checkpoints')
-  return os.path.exists(os.path.join(run_dir, 'results.csv')) or (
-      os.path.isdir(checkpoints) and any(n.isdigit() for n in os.listdir(checkpoints)))
+  return os.path.exists(os.path.join(run_dir, 'results.csv')) or bool(checkpoint_steps(run_dir))
 
 
 def _describe(diffs: list, run_dir: str) -> str:
@@ -164,28 +174,88 @@ def differences(stored: ml_collections.ConfigDict, config: ml_collections.Config
           if old.get(k, _MISSING) != new.get(k, _MISSING)]
 
 
-def mismatch(run_dir: str, config: ml_collections.ConfigDict) -> Optional[str]:
-  """None if `run_dir` may hold `config`'s run (nothing trained in it yet, or
-  trained with the same trained-model fields); else what differs."""
-  if not has_trained_state(run_dir):
+def _num_steps_change(diffs: list) -> Optional[tuple[int, int]]:
+  """(stored, new) `train.num_steps` when that is the only difference."""
+  if len(diffs) != 1 or diffs[0][0] != 'train.num_steps':
     return None
+  _, old, new = diffs[0]
+  return (old, new) if isinstance(old, int) and isinstance(new, int) else None
+
+
+def _compare(run_dir: str, config: ml_collections.ConfigDict
+             ) -> tuple[Optional[str], Optional[dict]]:
+  """(what differs or None, the extension or None): see `mismatch` and
+  `extension`."""
+  if not has_trained_state(run_dir):
+    return None, None
   stored = read_config(run_dir)
   if stored is None:
-    return f'{run_dir} holds a trained model but no readable config.json to compare with'
+    return f'{run_dir} holds a trained model but no readable config.json to compare with', None
   diffs = differences(stored, config)
-  return _describe(diffs, run_dir) if diffs else None
+  steps = _num_steps_change(diffs)
+  if steps and steps[1] > steps[0]:
+    return None, dict(from_step=max(checkpoint_steps(run_dir), default=0),
+                      previous_num_steps=steps[0], num_steps=steps[1])
+  if steps:
+    return (f'{run_dir} was trained toward train.num_steps={steps[0]}, this config has '
+            f'{steps[1]}: a run cannot be shortened (its learning rate decays toward step '
+            f'{steps[0]}); raise train.num_steps to train it longer', None)
+  return (_describe(diffs, run_dir) if diffs else None), None
 
 
-def claim(run_dir: str, config: ml_collections.ConfigDict) -> None:
+def mismatch(run_dir: str, config: ml_collections.ConfigDict) -> Optional[str]:
+  """None if `run_dir` may hold `config`'s run (nothing trained in it yet,
+  trained with the same trained-model fields, or an `extension`); else what
+  differs."""
+  return _compare(run_dir, config)[0]
+
+
+def extension(run_dir: str, config: ml_collections.ConfigDict) -> Optional[dict]:
+  """What training `config` in `run_dir` extends, when `run_dir`'s model
+  differs from `config`'s by a larger `train.num_steps` only: `from_step`
+  (its newest checkpoint), `previous_num_steps` (the count its schedule was
+  made for), `num_steps` (the new count); else None."""
+  return _compare(run_dir, config)[1]
+
+
+def extensions(run_dir: str) -> list[dict]:
+  """The extensions recorded in `run_dir`, oldest first ([] if none)."""
+  try:
+    with open(os.path.join(run_dir, EXTENSIONS)) as f:
+      return json.load(f)
+  except OSError:
+    return []
+
+
+def describe_extension(run_dir: str, grown: dict) -> str:
+  """The line printed when a run is extended."""
+  return (f"{run_dir}: trained to step {grown['from_step']} of {grown['previous_num_steps']}; "
+          f"continuing to {grown['num_steps']} (the schedule of "
+          f"train.num_steps={grown['num_steps']} from step {grown['from_step']}, not a run of "
+          f"{grown['num_steps']} steps from the start; recorded in "
+          f"{os.path.join(run_dir, EXTENSIONS)})")
+
+
+def claim(run_dir: str, config: ml_collections.ConfigDict) -> Optional[dict]:
   """Refuses (`RunMismatch`) a directory trained with another config, else
-  records `config` as the one its model is trained with."""
-  problem = mismatch(run_dir, config)
+  records `config` as the one its model is trained with; returns the
+  `extension` this is (recorded in EXTENSIONS first: a stop in between
+  leaves the old config.json, and the next claim the same one record), or
+  None."""
+  problem, grown = _compare(run_dir, config)
   if problem:
     raise RunMismatch(problem)
   if jax.process_index() == 0:
     os.makedirs(run_dir, exist_ok=True)
+    if grown:
+      done = extensions(run_dir)
+      if not done or {k: done[-1].get(k) for k in grown} != grown:
+        results.write_text(os.path.join(run_dir, EXTENSIONS), json.dumps(
+            done + [dict(grown, date=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()))],
+            indent=1))
     results.write_text(os.path.join(run_dir, 'config.json'),
                        config.to_json_best_effort(indent=1, sort_keys=True))
+  return grown
 
 
 def siblings(run_dir: str) -> list[str]:
@@ -198,11 +268,11 @@ def siblings(run_dir: str) -> list[str]:
 
 def find_trained(run_dir: str, config: ml_collections.ConfigDict) -> Optional[str]:
   """`run_dir` or the sibling `run_dir-N` that holds a model trained with
-  `config`, or None."""
-  for d in [run_dir] + siblings(run_dir):
-    if has_trained_state(d) and mismatch(d, config) is None:
-      return d
-  return None
+  `config`, else the first that `config` extends (`extension`), or None."""
+  trained = [d for d in [run_dir] + siblings(run_dir) if has_trained_state(d)]
+  compared = [(d, _compare(d, config)) for d in trained]
+  exact = [d for d, (problem, grown) in compared if problem is None and grown is None]
+  return (exact or [d for d, (problem, _) in compared if problem is None] or [None])[0]
 
 
 def resolve(run_dir: str, config: ml_collections.ConfigDict) -> str:
@@ -246,14 +316,18 @@ def on_mismatch(config: ml_collections.ConfigDict) -> str:
 
 def evaluated_rows(run_dir: str, config: ml_collections.ConfigDict) -> Optional[list[dict]]:
   """The run's result rows if it was evaluated with `config`'s evaluation
-  fields (results.csv, and run.json recording them); None if it must be
-  evaluated (again)."""
+  fields and trained to its `train.num_steps` (results.csv, and run.json
+  recording both); None if it must be evaluated (again). The step count is
+  the one trained-model field that changes in a run directory (an
+  `extension`): the others are equal or the run is refused before this."""
   try:
     with open(os.path.join(run_dir, 'run.json')) as f:
-      recorded = json.load(f).get('evaluation')
+      info = json.load(f)
   except (OSError, ValueError):
     return None
   path = os.path.join(run_dir, 'results.csv')
-  if recorded != evaluation_fields(config) or not os.path.exists(path):
+  trained_to = ((info.get('config') or {}).get('train') or {}).get('num_steps')
+  if (info.get('evaluation') != evaluation_fields(config) or not os.path.exists(path)
+      or trained_to != config.train.num_steps):
     return None
   return results.read_rows(path)

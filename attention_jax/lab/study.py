@@ -25,13 +25,13 @@ from attention_jax.lab import cluster
 from attention_jax.lab import identity
 from attention_jax.lab import locks
 from attention_jax.lab import outputs
-from attention_jax.lab import results
 from attention_jax.lab.evaluate import eval_lengths
 from attention_jax.lab.evaluate import evaluate_models
 from attention_jax.lab.evaluate import rope_scaled
 from attention_jax.lab.evaluate.context_extension import evaluation_variants
 from attention_jax.lab import models
 from attention_jax.lab.models import run_label  # the label results.csv and run folders use
+from attention_jax.lab.run_record import write_run
 from attention_jax.lab.timing import Stopwatch
 from attention_jax.lab.timing import describe
 from attention_jax.lab.timing import locked
@@ -79,7 +79,9 @@ def run_one(config: ml_collections.ConfigDict, workdir: str,
 
   `workdir` holding a model trained with another config is refused
   (`lab.identity`), or with `study.on_mismatch='retrain'` the run goes to a
-  fresh sibling `workdir-N` (logged). `on_trained(model, config, run_dir)`,
+  fresh sibling `workdir-N` (logged); one trained toward a smaller
+  `train.num_steps` only is trained on to this one and evaluated again (an
+  extension, recorded in its `extensions.json`: `identity.extension`). `on_trained(model, config, run_dir)`,
   if given, is called with the trained model (to draw a figure from it, say)
   before evaluation. A stop request (SIGTERM, Ctrl-C) is honoured during
   training, evaluation and the writes (`train.interrupt`), and so is
@@ -136,7 +138,8 @@ def _train_and_evaluate(configs, run_dirs, tx, on_trained, log, *, vmapped,
             '(--reevaluate to evaluate it again)')
       return [done]
     if log:
-      log(f'{finished}; not evaluated with these evaluation settings yet')
+      log(f'{finished}; not evaluated with these evaluation settings (or at this step count) '
+          'yet')
   # The seeds of a vmapped group are evaluated together too (one program per
   # bucket for all of them); otherwise one run at a time.
   groups = [list(range(len(configs)))] if vmapped else [[i] for i in range(len(configs))]
@@ -149,57 +152,29 @@ def _train_and_evaluate(configs, run_dirs, tx, on_trained, log, *, vmapped,
     with stage(f'during the evaluation of {names} (training finished, final checkpoints '
                'saved)'):
       group_rows, timings = _evaluate([trained[i][0] for i in group],
-                                      [configs[i] for i in group], clock)
+                                      [configs[i] for i in group], clock,
+                                      [run_dirs[i] for i in group])
     times = dict(train_times, **clock.breakdown(share=len(group)))
     for i, rows in zip(group, group_rows):
-      _write_run(configs[i], run_dirs[i], rows, trained[i][1], times,
+      write_run(configs[i], run_dirs[i], rows, trained[i][1], times,
                  {k: v / len(group) for k, v in timings.items()},
                  len(configs) if vmapped else 1)
       out[i] = rows
   return out
 
 
-def _write_run(config, run_dir, rows, last, times, timings, trained_with) -> None:
-  """results.csv and run.json of one evaluated run, atomically. `times`:
-  this run's share of the seconds per stage (`Stopwatch.breakdown`: train,
-  evaluation, generation, each with its XLA compile time), `timings` per
-  evaluation variant."""
-  times = dict(times)
-  info = dict(train_seconds=times['train'], trained_with_seeds=trained_with,
-              final_train_metrics=last)
-  if not last:  # nothing trained this time: keep what the training run recorded
-    info.update(_read_json(os.path.join(run_dir, 'run.json'), info))
-    old = info.pop('time_breakdown', {})
-    times.update({k: old[k] for k in ('train', 'train_compile') if k in old})
-  info.update(eval_seconds=times.get('evaluation', 0.0) + times.get('generation', 0.0),
-              time_breakdown=times, eval_breakdown=timings, config=config.to_dict(),
-              evaluation=identity.evaluation_fields(config))
-  # results.csv first: a stop in between leaves an old run.json, which
-  # means "evaluate again", never stale results taken as current.
-  results.write_rows(os.path.join(run_dir, 'results.csv'), rows)
-  results.write_text(os.path.join(run_dir, 'run.json'), json.dumps(info, indent=1, default=str))
-
-
-def _read_json(path: str, default: dict) -> dict:
-  try:
-    with open(path) as f:
-      old = json.load(f)
-    return {k: old[k] for k in ('train_seconds', 'trained_with_seeds', 'final_train_metrics',
-                                'time_breakdown') if k in old}
-  except (OSError, ValueError):
-    return default
-
-
-def _evaluate(trained: list, configs: list, clock: Stopwatch) -> tuple[list[list[dict]], dict]:
+def _evaluate(trained: list, configs: list, clock: Stopwatch,
+              run_dirs: list) -> tuple[list[list[dict]], dict]:
   """Result rows of each trained model (the seeds of one setup: `configs`
-  equal but for the seed) for every evaluation variant and length, and the
-  seconds each variant took (generation scoring is part of the first);
-  `clock` gets the evaluation and generation stages."""
+  equal but for the seed; each in its `run_dirs` entry) for every evaluation
+  variant and length, and the seconds each variant took (generation scoring
+  is part of the first); `clock` gets the evaluation and generation stages."""
   config = configs[0]
   is_transformer = config.model.kind == 'transformer'
   max_position = (models.randomized_max_position(config)
                   if config.positions.randomized_eval == 'random' else 0)
-  rows, digest, timings = [[] for _ in trained], config_hash(config), {}
+  rows, timings = [[] for _ in trained], {}
+  digests = [config_hash(c, identity.extensions(d)) for c, d in zip(configs, run_dirs)]
   for label, scaling in evaluation_variants(config):
     start = time.perf_counter()
     # Generation checks the model's cached decoding path, which RoPE
@@ -215,20 +190,25 @@ def _evaluate(trained: list, configs: list, clock: Stopwatch) -> tuple[list[list
           batch_size=config.eval.batch_size, max_position=max_position,
           draw=config.positions.draw, generate=generate, clock=clock)
     timings[label + (' (with generation)' if generate else '')] = time.perf_counter() - start
-    for model_rows, c, per_length in zip(rows, configs, per_model):
+    for model_rows, c, digest, per_length in zip(rows, configs, digests, per_model):
       model_rows += [dict(task=c.task.name, encoding=label, seed=c.train.seed,
                           config_hash=digest, version=attention_jax.__version__, **r)
                      for r in per_length]
   return rows, timings
 
 
-def config_hash(config: ml_collections.ConfigDict) -> str:
+def config_hash(config: ml_collections.ConfigDict, extensions: tuple = ()) -> str:
   """12 hex digits identifying what a run computes: its trained-model and
   evaluation fields (`lab.identity`) without the seed, so equal for two seeds
   of one setup and different when any hyperparameter, the task, the encoding
-  or the evaluation differ."""
+  or the evaluation differ; and, for a run trained longer than first planned,
+  its `identity.extensions` (steps and counts, not dates): not the model
+  `config` trains from step 0."""
   fields = dict(identity.trained_fields(config), **identity.evaluation_fields(config))
   fields.pop('train.seed', None)
+  if extensions:  # only then: the hash of a run never extended stays as it was
+    fields['extensions'] = [{k: e[k] for k in ('from_step', 'previous_num_steps', 'num_steps')}
+                            for e in extensions]
   text = json.dumps(fields, sort_keys=True, default=str)
   return hashlib.sha256(text.encode()).hexdigest()[:12]
 
@@ -272,7 +252,9 @@ def run_study(config: ml_collections.ConfigDict, workdir: str,
   Every config is validated and every run directory checked against its
   config (`lab.identity`) before anything is created or trained. A finished
   run is reused; one evaluated with other evaluation settings is evaluated
-  again from its final checkpoint. The workdir's outputs cover every run in
+  again from its final checkpoint; one trained toward a smaller
+  `train.num_steps` is extended (one line each names them) and evaluated
+  again. The workdir's outputs cover every run in
   it that matches the current config, also runs of earlier sweeps outside
   this one's tasks/models/encodings/seeds; summary.md lists them.
 
@@ -316,6 +298,11 @@ def run_study(config: ml_collections.ConfigDict, workdir: str,
           continue
         if identity.evaluated_rows(run_dir, c) is None:
           todo.append((i, c, run_dir))
+          grown = identity.extension(run_dir, c)
+          if grown:
+            log(f'[{i}/{len(runs)}] {c.task.name} {run_label(c)} seed {c.train.seed}: trained '
+                f"to step {grown['from_step']} of {grown['previous_num_steps']}; extended to "
+                f"{grown['num_steps']} steps")
           continue
         log(f'[{i}/{len(runs)}] {c.task.name} {run_label(c)} seed {c.train.seed}: '
             'finished earlier, reused')

@@ -69,7 +69,8 @@ def out_of_time(deadline: Optional[float]) -> bool:
 def claimed(configs: list[ml_collections.ConfigDict], workdirs: list[Optional[str]]):
   """Holds every run directory's lock (`lab.locks`; `study.on_locked`
   says whether to refuse or wait) and records each config in it
-  (`identity.claim`); a mismatch is refused before anything is written."""
+  (`identity.claim`; an extension, a larger `train.num_steps`, is printed
+  in one line); a mismatch is refused before anything is written."""
   pairs = [(c, w) for c, w in zip(configs, workdirs) if w]
   for c, w in pairs:
     problem = identity.mismatch(w, c)
@@ -78,7 +79,10 @@ def claimed(configs: list[ml_collections.ConfigDict], workdirs: list[Optional[st
   with locks.hold_all([w for _, w in pairs], wait=locks.waits(configs[0]),
                       log=lambda m: print(m, flush=True), should_stop=raise_if_stopped):
     for c, w in pairs:
-      identity.claim(w, c)  # again under the lock: the holder before us may have finished
+      # Again under the lock: the holder before us may have finished.
+      grown = identity.claim(w, c)
+      if grown and jax.process_index() == 0:
+        print(identity.describe_extension(w, grown), flush=True)
     yield
 
 
@@ -98,7 +102,9 @@ def train(config: ml_collections.ConfigDict, workdir: Optional[str] = None,
   is left to the enclosing `stop_requests` scope (the caller's next check).
   So does the time budget: `deadline` (a `_now()` time; default: now +
   `config.train.max_minutes`, none if 0), checked after every compiled call,
-  raises with exit status `TIME_BUDGET`. Host-device syncs happen every
+  raises with exit status `TIME_BUDGET`. A workdir whose run was trained
+  toward a smaller `train.num_steps` is extended to this one
+  (`identity.extension`). Host-device syncs happen every
   `config.train.log_every` steps only.
 
   `workdir` is locked for the whole training (`lab.locks`): a second process
@@ -154,10 +160,7 @@ def train_seeds(configs: list[ml_collections.ConfigDict], workdirs: list[Optiona
 def _latest_step(workdir: Optional[str]) -> int:
   """Newest checkpoint step in `workdir` by folder name (0 if none); the
   restore itself decides what is readable."""
-  directory = os.path.join(workdir, 'checkpoints') if workdir else ''
-  if not os.path.isdir(directory):
-    return 0
-  return max((int(n) for n in os.listdir(directory) if n.isdigit()), default=0)
+  return max(identity.checkpoint_steps(workdir), default=0)
 
 
 def run_name(configs: list[ml_collections.ConfigDict]) -> str:
