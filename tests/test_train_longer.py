@@ -1,5 +1,6 @@
 """Training a run on past one invocation: a larger train.num_steps extends a
-finished run (issue item 14).
+finished run (issue item 14), and a time box too short to train one interval
+says so (issue item 11).
 
 One tiny study (one run of N steps) is trained once for the module and
 extended to 2N steps once; each test works on its own copy.
@@ -7,6 +8,7 @@ extended to 2N steps once; each test works on its own copy.
 
 import contextlib
 import io
+import itertools
 import json
 import os
 import pathlib
@@ -15,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from unittest import mock
 
 import chex
 from absl.testing import absltest
@@ -27,6 +30,7 @@ from attention_jax.lab.study import run_one
 from attention_jax.lab.study import run_study
 from attention_jax.lab.study import shared_optimizer
 from attention_jax.lab.train import loop
+from attention_jax.lab.train.interrupt import TIME_BUDGET
 from attention_jax.lab.train.interrupt import TrainingInterrupted
 from attention_jax.lab.train.optimizer import learning_rate_schedule
 from attention_jax.lab.validate import ConfigError
@@ -184,6 +188,48 @@ class ExtensionTest(absltest.TestCase):
                      _without_rate(_metric_lines(_run0(_EXTENDED))))
     self.assertEqual(json.loads(_read(os.path.join(run0, 'run.json')))['config']['train']
                      ['num_steps'], 2 * N)
+
+
+class ShortTimeBoxTest(absltest.TestCase):
+
+  def test_a_box_that_ends_before_one_interval_warns_and_the_rerun_resumes(self):
+    c, workdir = _config(train__max_minutes=1), tempfile.mkdtemp()
+    tx = shared_optimizer(c.train)  # the module's compiled step
+    # The budget starts at 0; the first compiled call returns at 50 s, the
+    # next at 55 s, the third past the 60 s: 3 steps, fewer than log_every=5.
+    clock = itertools.chain([0, 50, 55], itertools.count(61))
+    errors = io.StringIO()
+    with mock.patch.object(loop, '_now', lambda: next(clock)), \
+        contextlib.redirect_stderr(errors):
+      with self.assertRaises(TrainingInterrupted) as caught:
+        train.train(c, workdir, progress=False, tx=tx)
+    self.assertEqual(caught.exception.exit_code, TIME_BUDGET)
+    self.assertIn(f'after step 3 of {N}', caught.exception.args[0])
+    self.assertEqual(errors.getvalue(), (
+        'warning: train.max_minutes=1 ended this invocation after 3 steps (one interval is 5): '
+        '50.0s went to starting and compiling (until the first compiled call returned), 11.0s '
+        'to training; every rerun starts and compiles again, so each advances about as '
+        'little. Set train.max_minutes above ~1.7 for an invocation to train more than it '
+        'spends starting.\n'))
+    train.train(c, workdir, progress=False, tx=tx)
+    self.assertEqual([json.loads(line)['step'] for line in _metric_lines(workdir)],
+                     list(range(N)))
+
+  def test_when_a_box_is_long_enough(self):
+    t = _config(train__max_minutes=2, train__log_every=2, train__checkpoint_every=4).train
+    warn = lambda steps, startup, training: loop.short_box_warning(
+        t, steps=steps, startup=startup, training=training, first_call=1)
+    self.assertIsNone(warn(2, 5.0, 100.0))  # one interval (log_every=2), mostly training
+    self.assertIsNone(warn(3, 60.0, 60.0))
+    self.assertIn('after 1 steps (one interval is 2)', warn(1, 5.0, 0.0))
+    # An interval trained, but starting took most of the box: twice it, 2 minutes.
+    self.assertIn('70.0s went to starting and compiling (until the first compiled call '
+                  'returned), 50.0s to training; every rerun starts and compiles again, so each '
+                  'advances about as little. Set train.max_minutes above ~2.4 ',
+                  warn(500, 70.0, 50.0))
+    # The smaller of log_every and checkpoint_every is the interval.
+    t.log_every = 8
+    self.assertIn('(one interval is 4)', warn(3, 1.0, 100.0))
 
 
 if __name__ == '__main__':

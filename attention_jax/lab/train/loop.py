@@ -8,7 +8,9 @@ axis is laid along the mesh instead when there are enough seeds.
 """
 
 import contextlib
+import math
 import os
+import sys
 import time
 from typing import Optional
 
@@ -54,7 +56,16 @@ _now = time.monotonic
 def time_budget(config: ml_collections.ConfigDict, started: Optional[float] = None
                 ) -> Optional[float]:
   """When this invocation's `train.max_minutes` (counted from `started`,
-  default now, on `_now`'s clock) runs out; None without a budget."""
+  default now, on `_now`'s clock) runs out; None without a budget.
+
+  The budget is counted from the invocation's start (the entry points call
+  this before anything is built or compiled), not from the first step: it
+  exists so that a job stops, checkpointed and with exit status 75, before a
+  cluster scheduler's wall-clock limit kills it, and that limit counts the
+  start-up and compilation too; a budget counted from the first step would
+  let a job overrun its slot by the compile time. The price is that a box
+  shorter than the start-up trains little per invocation: the loop warns
+  then (`short_box_warning`)."""
   minutes = config.train.get('max_minutes', 0)
   if not minutes:
     return None
@@ -63,6 +74,29 @@ def time_budget(config: ml_collections.ConfigDict, started: Optional[float] = No
 
 def out_of_time(deadline: Optional[float]) -> bool:
   return deadline is not None and _now() >= deadline
+
+
+def short_box_warning(t_cfg: ml_collections.ConfigDict, *, steps: int, startup: float,
+                      training: float, first_call: int) -> Optional[str]:
+  """The warning for a time box that ended (before the run's end) having
+  trained less than one interval (`train.log_every`, or `checkpoint_every`
+  if smaller) this invocation, or having spent more of it starting than
+  training; else None. `steps`: trained this invocation; `startup`: seconds
+  from the budget's start until the first compiled call (`first_call` steps)
+  returned, the build, restore and compile included; `training`: seconds
+  after it."""
+  interval = min(v for v in (t_cfg.log_every, t_cfg.checkpoint_every) if v)
+  if steps >= interval and startup <= training:
+    return None
+  per_step = training / (steps - first_call) if steps > first_call else 0.0
+  # Enough for start-up to be at most half the box and for one interval.
+  minutes = math.ceil(max(2 * startup, startup + interval * per_step) / 6) / 10
+  return (f'warning: train.max_minutes={t_cfg.max_minutes:g} ended this invocation after '
+          f'{steps} steps (one interval is {interval}): {startup:.1f}s went to starting and '
+          f'compiling (until the first compiled call returned), {training:.1f}s to training; '
+          'every rerun starts and compiles again, so each advances about as little. Set '
+          f'train.max_minutes above ~{minutes:g} for an invocation to train more than it '
+          'spends starting.')
 
 
 @contextlib.contextmanager
@@ -102,9 +136,10 @@ def train(config: ml_collections.ConfigDict, workdir: Optional[str] = None,
   is left to the enclosing `stop_requests` scope (the caller's next check).
   So does the time budget: `deadline` (a `_now()` time; default: now +
   `config.train.max_minutes`, none if 0), checked after every compiled call,
-  raises with exit status `TIME_BUDGET`. A workdir whose run was trained
-  toward a smaller `train.num_steps` is extended to this one
-  (`identity.extension`). Host-device syncs happen every
+  raises with exit status `TIME_BUDGET`, after one line on stderr if the box
+  was too short to train one interval (`short_box_warning`). A workdir
+  whose run was trained toward a smaller `train.num_steps` is extended to
+  this one (`identity.extension`). Host-device syncs happen every
   `config.train.log_every` steps only.
 
   `workdir` is locked for the whole training (`lab.locks`): a second process
@@ -226,6 +261,11 @@ def _train(configs, workdirs, *, progress, tx, vmapped=False, deadline=None):
   bar = tqdm.tqdm(total=t_cfg.num_steps, initial=start, unit='step', dynamic_ncols=True,
                   leave=False, desc=desc, disable=not progress or not show)
   pending, last, clock = [], [{}] * num_seeds, (time.perf_counter(), start)
+  # The budget's start (for the warning of a box that ends too early), and
+  # when the first compiled call returned: on `_now`'s clock, read where
+  # the deadline is checked anyway.
+  boxed_from = deadline - 60 * t_cfg.max_minutes if deadline and t_cfg.max_minutes else None
+  first_return = None
 
   def save(done, force=False):
     """Every seed's state after `done` steps to its own run directory."""
@@ -244,7 +284,9 @@ def _train(configs, workdirs, *, progress, tx, vmapped=False, deadline=None):
           state, metrics = jitted(state, np.int32(step), seed)  # [k] or [k, S] per key
         pending.append(metrics)
         done = step + k
-        timed_out = out_of_time(deadline)
+        now = _now() if deadline is not None else None
+        timed_out = now is not None and now >= deadline
+        first_return = now if first_return is None else first_return
         stopping = stop.signal or done == t_cfg.stop_after or timed_out
         if len(pending) * k >= t_cfg.log_every or done == t_cfg.num_steps or stopping:
           rate = (done - clock[1]) / (time.perf_counter() - clock[0])
@@ -272,6 +314,11 @@ def _train(configs, workdirs, *, progress, tx, vmapped=False, deadline=None):
           saved = (f'checkpoint saved in {where}; run the same command again to '
                    'resume.' if where else 'no workdir: nothing saved.')
           status = (TIME_BUDGET,) if timed_out and not stop.signal else ()
+          warning = status and boxed_from is not None and done < t_cfg.num_steps and (
+              short_box_warning(t_cfg, steps=done - start, startup=first_return - boxed_from,
+                                training=now - first_return, first_call=k))
+          if warning and show:
+            print(warning, file=sys.stderr, flush=True)
           raise TrainingInterrupted(
               f'stopped by {cause} after step {done} of {t_cfg.num_steps}; {saved}',
               stop.signal, *status)
