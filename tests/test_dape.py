@@ -335,7 +335,7 @@ class DapeConfigTest(parameterized.TestCase):
     config.model.attention_implementation = 'chunked'
     config.model.encoding_options.dape.base = 'rope'
     with self.assertRaisesRegex(validate.ConfigError,
-                                r"model\.encoding_options\.dape: dape: base='rope'"):
+                                r"model\.encoding_options\.dape\.base='rope' must be one of"):
       validate.validate_config(config)
     config.model.encoding_options.dape.base = 'alibi'
     with self.assertRaisesRegex(validate.ConfigError, 'the data-adaptive bias of dape'):

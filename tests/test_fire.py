@@ -207,7 +207,7 @@ class FireConfigTest(parameterized.TestCase):
     config.model.attention_implementation = 'chunked'
     config.model.encoding_options.fire.mlp_width = 0
     with self.assertRaisesRegex(validate.ConfigError,
-                                r'model\.encoding_options\.fire: fire: mlp_width=0'):
+                                r'model\.encoding_options\.fire\.mlp_width=0 must be an integer'):
       validate.validate_config(config)
     config.model.encoding_options.fire.mlp_width = 4
     # A dense bias: the chunked kernel refuses it (the 'auto' one falls back to dense).

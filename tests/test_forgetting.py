@@ -318,7 +318,7 @@ class FoxErrorsTest(parameterized.TestCase):
     validate.validate_config(config)
     config.model.encoding_options.fox.weight_std = -1.0
     with self.assertRaisesRegex(validate.ConfigError,
-                                r'model\.encoding_options\.fox: fox: weight_std=-1.0'):
+                                r'model\.encoding_options\.fox\.weight_std=-1.0 must be a finite'):
       validate.validate_config(config)
 
 
