@@ -21,7 +21,7 @@ test: $(STAMP)
 experiment: $(STAMP)
 	$(BIN)/python -m experiments.length_extrapolation --config=configs/copy.py --workdir=runs/copy
 
-# Lesson 7's worked example and shapes, recomputed (seconds).
+# Lesson 7's worked example and shapes, recomputed (its time: README).
 demo: $(STAMP)
 	$(BIN)/python -m experiments.lesson_demo
 

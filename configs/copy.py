@@ -36,7 +36,8 @@ One model: `python -m experiments.train --config=configs/copy.py:encoding=rope
   task=NAME   copy | reverse | duplicate
   size=NAME   cpu (default) | paper (Delétang et al. 2022 / Ruoss et al. 2023:
               5 layers, d_model 64, 8 heads, batch 128, train lengths 1–40,
-              evaluation to 500, 10 seeds; for GPU/TPU) | tiny (seconds; tests)
+              evaluation to 500, 10 seeds; for GPU/TPU) | tiny (the tests' smoke run:
+              5 steps, mostly compiling; README gives its time)
               | generalize (issue 12's CPU recipe: windowed_rope:coupled, every
               head RoPE + a window |Δid| <= 2 on coupled position ids + a
               sink at id 0; measured 100.0 ± 0.0% exact match at 4× and at
