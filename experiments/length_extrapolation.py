@@ -13,6 +13,7 @@ from absl import app
 from absl import flags
 
 from attention_jax.lab import presets
+from attention_jax.lab.runtime import check_study_overrides
 from attention_jax.lab.runtime import entry_point
 from attention_jax.lab.runtime import parse_flags
 from attention_jax.lab.study import run_study
@@ -26,6 +27,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   with entry_point(_CONFIG.value):
+    check_study_overrides()
     written = run_study(_CONFIG.value, _WORKDIR.value)
   if not written:  # a shard whose sweep is unfinished: the last shard writes them
     return

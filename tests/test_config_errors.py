@@ -94,13 +94,13 @@ class ParseFlagsTest(parameterized.TestCase):
 
   def test_options_of_an_encoding_the_config_does_not_list(self):
     flag_values, rest = _parse(TINY, '--config.model.encoding_options.rope.base=500',
-                               '--config.model.encoding_options.hard_alibi.num_windowed_heads=1',
+                               '--config.model.encoding_options.hard_alibi.num_windowed_heads=2',
                                '--config.model.encoding_options.t5.num_buckets=8', 'extra')
     self.assertEqual(rest, ['prog', 'extra'])
     options = flag_values['config'].value.model.encoding_options
     self.assertEqual(options.rope.to_dict(), {'base': 500})  # a group of its own
     self.assertEqual(options.hard_alibi.to_dict(), {'widths': (1, 2), 'offsets': (),
-                                                     'num_windowed_heads': 1})
+                                                     'num_windowed_heads': 2})
     self.assertEqual(options.t5.to_dict(), {'num_buckets': 8, 'max_distance': 128})
     self.assertEqual(options.fire.mlp_width, 32)  # the other encodings keep their defaults
     self.assertTrue(options.is_locked)
@@ -156,6 +156,25 @@ class ParseFlagsTest(parameterized.TestCase):
     existing = tempfile.mkdtemp()
     _parse(TINY, f'--workdir={existing}')  # an existing folder: probed, left as it was
     self.assertEqual(os.listdir(existing), [])
+
+  def test_config_file_without_get_config_is_one_line(self):
+    # It used to inherit the default preset's get_config (ml_collections loads
+    # every file as one module name) and train that, exit 0.
+    path = os.path.join(tempfile.mkdtemp(), 'no_get_config.py')
+    pathlib.Path(path).write_text('X = 1\n')
+    for extra in ((), ('--config.train.seed=1',)):
+      self.assertEqual(_exit_line(lambda: _parse(f'--config={path}', *extra)),
+                       f'error: --config={path}: {path} defines no get_config(); a config '
+                       'file defines get_config() (or get_config(arg) for --config=FILE:arg) '
+                       'returning an ml_collections.ConfigDict.')
+
+  def test_a_study_refuses_the_single_runs_encoding_flag(self):
+    with self.assertRaisesRegex(ConfigError, r'^--config.model.encoding=xpos names the encoding '
+                                r'of one run \(experiments.train\); a study trains '
+                                r'study.encodings: --config.study.encodings="\(\'xpos\',\)", '
+                                r'or the preset --config=copy:encoding=xpos\.$'):
+      runtime.check_study_overrides(['prog', TINY, '--config.model.encoding=xpos'])
+    runtime.check_study_overrides(['prog', TINY, '--config.study.encodings=("xpos",)'])
 
   def test_config_file_with_a_syntax_error_is_one_line(self):
     path = os.path.join(tempfile.mkdtemp(), 'broken.py')

@@ -314,7 +314,8 @@ class WindowedRoPETest(chex.TestCase, parameterized.TestCase):
                                 rope.rotate_queries_keys(q, k, np.arange(5), np.arange(5)))
 
   @parameterized.parameters(
-      (dict(window=-1), r'window widths must be integers >= 0, got -1'),
+      (dict(window=-1), r'^windowed_rope: window=-1 must be an integer >= 0'),
+      (dict(windows=(2, -1)), r'^windowed_rope: windows=\(2, -1\) must be integers >= 0 .*got -1'),
       (dict(windows=(1.5,)), r'got 1\.5'),
       (dict(num_windowed_heads=5), r'num_windowed_heads=5 must be an integer in 0 … num_heads=4'),
       (dict(num_windowed_heads=2, windows=(1,)), r'windows=\(1,\) has 1 entries but num_windowed_heads=2'),

@@ -324,6 +324,9 @@ class ConfigErrorTest(parameterized.TestCase):
       (dict(model__encoding='xpos', eval__max_length=20000, eval__lengths=(4, 20000)),
        r"eval.max_length=20000 on 'copy' reads positions 0 … 40001, past what 'xpos' serves: "
        r'xpos: .*scales stay representable only for positions -17847 … 17847'),
+      # An encoding no run uses: its bad value is refused too, not left for a later run.
+      (dict(model__encoding='rope', model__encoding_options={'t5': {'num_buckets': 1}}),
+       r'model.encoding_options.t5.num_buckets=1 must be an integer >= 2'),
       (dict(eval__lengths=(4, 8, 4)),
        r'eval.lengths=\(4, 8, 4\) repeats 4; give each length once'),
       (dict(model__encoding='alibi:randomized', model__attention_implementation='chunked'),

@@ -83,12 +83,22 @@ class _PresetParser(flags.ArgumentParser):
       # Raised, absl would print it as a two-line "FATAL Flags parsing error"
       # and exit 1; a bad command line here is one line and exit 2.
       _usage_exit(str(e))
+    # ml_collections loads every file as the module `config_config`, re-running
+    # it in the module of the file before (the default preset, loaded at
+    # import): a file without get_config would inherit that one's and train it.
+    sys.modules.pop(f'{getattr(self._parser, "name", "config")}_config', None)
     try:
       return self._parser.parse(resolved)
     except SyntaxError as e:  # the file cannot be read as Python: where, not a traceback
       where = f'{e.filename or resolved.partition(":")[0]}, line {e.lineno}'
       _usage_exit(f'--config={argument}: {where}: {e.msg} (a syntax error in the config '
                   'file).')
+    except AttributeError as e:
+      if "'get_config'" not in str(e):
+        raise
+      _usage_exit(f'--config={argument}: {resolved.partition(":")[0]} defines no '
+                  'get_config(); a config file defines get_config() (or get_config(arg) for '
+                  '--config=FILE:arg) returning an ml_collections.ConfigDict.')
 
   def flag_type(self):
     return self._parser.flag_type()

@@ -361,6 +361,26 @@ def _flag_error(error: flags.Error, config: Optional[ml_collections.ConfigDict])
   return f'{flag}: {raised[-1][1]}' if raised else ' '.join(text.split())
 
 
+def check_study_overrides(argv: Optional[Sequence[str]] = None) -> None:
+  """Refuses `--config.model.encoding=…` on a study's command line (`argv`,
+  default the one parse_flags checked): a study trains `study.encodings`,
+  and `model.encoding` is the single run's (experiments.train), so the
+  override would change nothing and the whole default sweep would start.
+
+  Raises:
+    ConfigError: naming the flag and the two ways to study that encoding.
+  """
+  for arg in (CONFIG_ARGV if argv is None else argv)[1:]:
+    match = _OVERRIDE.match(arg)
+    if match and match.group(1) == 'model.encoding':
+      spec = match.group(2) or 'NAME'
+      raise ConfigError(
+          f'--config.model.encoding={spec} names the encoding of one run '
+          '(experiments.train); a study trains study.encodings: '
+          f'--config.study.encodings="(\'{spec}\',)", or the preset '
+          f'--config=copy:encoding={spec}.')
+
+
 def parse_flags(argv: Sequence[str], flag_values: flags.FlagValues = flags.FLAGS) -> list:
   """`app.run`'s flags_parser for the entry points: absl's parse, with every
   bad command line one line on stderr and exit 2 (absl: a traceback for an

@@ -92,9 +92,37 @@ def check_shard(shard) -> None:
       'when set, else the whole sweep).')
 
 
-def _check_encoding_options(options) -> None:
-  """Every model.encoding_options.NAME names an encoding, and every option one
-  its `build` takes (else the model would fail when built, files written)."""
+def option_refusal(name: str, options: dict, error: Exception) -> Optional[str]:
+  """`error` of building encoding `name` as the config key of the option it
+  names ('rope: base=-1.0 must be …' -> 'model.encoding_options.rope.base=
+  -1.0 must be …'); None when it names none of `options`."""
+  text, prefix = str(error), f'{name}: '
+  if text.startswith(prefix) and text[len(prefix):].split('=')[0] in options:
+    return f'model.encoding_options.{name}.{text[len(prefix):]}'
+  return None
+
+
+def _check_option_values(m, name: str, values) -> None:
+  """Builds encoding `name` with its listed options, also where no run uses
+  it: a bad value is refused now, not when a later run names the encoding.
+  Only an error naming one of the options is; others (a head_dim the
+  encoding cannot take) concern the runs that use it, checked below."""
+  options = dict(values or {})
+  if not options:
+    return
+  try:
+    make_encoding(name, d_model=m.d_model, num_heads=m.num_heads, max_positions=None,
+                  causal=True, rngs=nnx.Rngs(0), **options)
+  except (ValueError, TypeError) as e:
+    refusal = option_refusal(name, options, e)
+    _require(refusal is None, refusal)
+
+
+def _check_encoding_options(m) -> None:
+  """Every model.encoding_options.NAME names an encoding, every option one
+  its `build` takes, and every value one it accepts (else the model would
+  fail when built, files written)."""
+  options = m.get('encoding_options')
   for name, values in (options or {}).items():
     _require(name in ENCODINGS, f'model.encoding_options has {name!r}; allowed: '
              f'{sorted(ENCODINGS)}{IMPORTS_HINT}.')
@@ -105,6 +133,7 @@ def _check_encoding_options(options) -> None:
     for option in values or {}:
       _require(option in allowed, f'model.encoding_options.{name}.{option}: {name!r} takes '
                f'{allowed or "no options"}.')
+    _check_option_values(m, name, values)
 
 
 def _score_spec(encoding, d_model: int, num_heads: int, positions: np.ndarray):
@@ -137,11 +166,7 @@ def kernel_refusal(config: ml_collections.ConfigDict, spec: str) -> Optional[str
   except (ValueError, TypeError) as e:
     if not options and m.attention_implementation in ('auto', 'dense'):
       return None  # not the options: the model checks below name the field
-    text = str(e)
-    if text.startswith(f'{name}: ') and text[len(name) + 2:].split('=')[0] in options:
-      # 'rope: base=-1.0 must be …' -> the config key itself
-      return f'model.encoding_options.{name}.{text[len(name) + 2:]}'
-    return f'model.encoding_options.{name}: {text}'
+    return option_refusal(name, options, e) or f'model.encoding_options.{name}: {e}'
   if m.attention_implementation in ('auto', 'dense'):
     return None
   positions = np.array([0, 2, 5]) if modifier else np.arange(3)
@@ -307,7 +332,7 @@ def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -
         text += (f' Named variants ({", ".join(named)}) are study entries, or presets: '
                  f'configs/copy.py:encoding={named[0]}.')
       raise ConfigError(f'invalid config: {key}: {text}{suffix}') from None
-  _check_encoding_options(m.get('encoding_options'))
+  _check_encoding_options(m)
   _check_normalization(m)  # before kernel_refusal, which asks the table about it
   for spec, norm in specs:
     asked = config

@@ -38,6 +38,7 @@ from attention_jax.attention import MASK_VALUE
 from attention_jax.attention.scores import WindowBias
 from attention_jax.attention.scores import relative_distance
 from attention_jax.positional.base import flag_option
+from attention_jax.positional.base import integer_option
 from attention_jax.positional.base import real_option
 from attention_jax.positional.rope import RoPE
 
@@ -46,10 +47,12 @@ def resolve_windows(num_heads: int, num_windowed_heads: Optional[int],
                     windows: Sequence[int], window: int) -> tuple[int, ...]:
   """One width per windowed head, or a ValueError naming the bad value."""
   windows = tuple(windows or ())
-  for w in windows + (window,):
+  for w in windows:
     if isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 0:
-      raise ValueError(f'windowed_rope: window widths must be integers >= 0, got {w!r} '
-                       f'(windows={windows!r}, window={window!r}).')
+      raise ValueError(f'windowed_rope: windows={windows!r} must be integers >= 0 (one '
+                       f'width per windowed head); got {w!r}.')
+  window = integer_option('windowed_rope', 'window', window, at_least=0,
+                          why='the width of every windowed head without its own')
   m = num_windowed_heads
   if m is None or (isinstance(m, (int, np.integer)) and not isinstance(m, bool) and m == -1):
     m = len(windows) if windows else num_heads

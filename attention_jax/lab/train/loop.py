@@ -318,6 +318,7 @@ def _train(configs, workdirs, *, progress, tx, vmapped=False, deadline=None):
               short_box_warning(t_cfg, steps=done - start, startup=first_return - boxed_from,
                                 training=now - first_return, first_call=k))
           if warning and show:
+            bar.close()  # first: else the line is glued to the bar's in a log file
             print(warning, file=sys.stderr, flush=True)
           raise TrainingInterrupted(
               f'stopped by {cause} after step {done} of {t_cfg.num_steps}; {saved}',
