@@ -14,9 +14,7 @@ import importlib
 import logging as std_logging
 import os
 import re
-import shutil
 import sys
-import tempfile
 from typing import Optional, Sequence
 
 import jax
@@ -26,6 +24,9 @@ from absl import flags
 from attention_jax.lab.train.interrupt import TrainingInterrupted
 from attention_jax.lab.train.interrupt import stop_requests
 from attention_jax.lab.validate import ConfigError
+from attention_jax.lab.workdir_checks import check_workdir
+from attention_jax.lab.workdir_checks import folders
+from attention_jax.lab.workdir_checks import remove_partial
 
 GPU_DETERMINISM_FLAG = '--xla_gpu_deterministic_ops=true'
 
@@ -112,78 +113,6 @@ def out_of_memory(error: BaseException) -> Optional[str]:
   return f'{what}; reduce {_REDUCE}.'
 
 
-def check_workdir(path: str) -> None:
-  """Refuses a --workdir that is a file, or that cannot be written (itself,
-  or the folder it would be made in), before anything runs.
-
-  The folder is made and removed again (with the folders above it that it
-  needed), and an existing one gets a probe file: permission bits do not
-  tell (root passes `os.access` on a read-only or virtual filesystem such
-  as /proc), only a real write does. Nothing is left behind.
-
-  Raises:
-    ConfigError: naming the path and what is wrong with it.
-  """
-  if not path.strip():
-    raise ConfigError(f'--workdir={path!r} is empty; name the folder to write into, '
-                      'e.g. --workdir=runs/copy.')
-  if os.path.exists(path) and not os.path.isdir(path):
-    raise ConfigError(f'--workdir={path!r} is a file; it must be a folder (or not exist yet).')
-  existing = os.path.abspath(path)
-  while not os.path.exists(existing):
-    existing = os.path.dirname(existing)
-  if not os.path.isdir(existing):
-    raise ConfigError(f'--workdir={path!r}: {existing!r} is a file, so the folder cannot be made.')
-  if not os.access(existing, os.W_OK | os.X_OK):
-    raise ConfigError(f'--workdir={path!r}: {existing!r} is not writable; choose a folder '
-                      'you can write to.')
-  try:
-    _probe_write(os.path.abspath(path), existing)
-  except OSError as e:
-    raise ConfigError(f'--workdir={path!r} cannot be written ({e.strerror or e}, under '
-                      f'{existing!r}); choose a folder you can write to.') from None
-
-
-def _probe_write(path: str, existing: str) -> None:
-  """Makes `path` (under `existing`, the deepest folder that exists) and a
-  file in it, then removes what it made."""
-  made = path if path != existing else None
-  if made:
-    os.makedirs(path)
-  try:
-    fd, probe = tempfile.mkstemp(dir=path, prefix='.write-probe-')
-    os.close(fd)
-    os.remove(probe)
-  finally:
-    while made and made != existing:
-      os.rmdir(made)
-      made = os.path.dirname(made)
-
-
-def _folders(root: str) -> set:
-  return {d for d, _, _ in os.walk(root)} if os.path.isdir(root) else set()
-
-
-def _holds_checkpoint(folder: str) -> bool:
-  """Whether a finished checkpoint (orbax's checkpoints/STEP) lies under `folder`."""
-  return any(os.path.basename(d) == 'checkpoints' and any(n.isdigit() for n in names)
-             for d, names, _ in os.walk(folder))
-
-
-def remove_partial(root: str, before: set) -> None:
-  """Removes the folders under `root` (itself included) that were not in
-  `before` and hold no finished checkpoint: what a run that failed at its
-  start (out of memory at the first compile) left behind."""
-  if not os.path.isdir(root):
-    return
-  if root not in before and not _holds_checkpoint(root):
-    shutil.rmtree(root, ignore_errors=True)
-    return
-  for entry in os.scandir(root):
-    if entry.is_dir(follow_symlinks=False):
-      remove_partial(entry.path, before)
-
-
 @contextlib.contextmanager
 def entry_point(config: ml_collections.ConfigDict, workdir: Optional[str] = None):
   """Sets up JAX from `config` before anything touches a device, holds one
@@ -229,7 +158,7 @@ def entry_point(config: ml_collections.ConfigDict, workdir: Optional[str] = None
                   'first); name an importable module that registers your encoding, '
                   'e.g. --config.imports=my_module.')
   workdir = _workdir.get('path') if workdir is None else workdir
-  before = _folders(os.path.abspath(workdir)) if workdir else set()
+  before = folders(os.path.abspath(workdir)) if workdir else set()
   try:
     with stop_requests():
       yield

@@ -12,7 +12,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from flax import nnx
 
 from attention_jax.attention import DenseBias
 from attention_jax.attention import DifferenceBias
@@ -25,10 +24,11 @@ from attention_jax.attention import select_implementation
 from attention_jax.lab import tasks
 from attention_jax.nn.additive import SCORES
 from attention_jax.positional import ENCODINGS
-from attention_jax.positional import make_encoding
 from attention_jax.positional import parse_encoding_spec
 from attention_jax.positional.base import ScoreContext
 from attention_jax.positional.rope import SCALINGS
+from attention_jax.lab.encoding_probe import option_refusal
+from attention_jax.lab.encoding_probe import probe_encoding
 from attention_jax.lab.models import MODEL_KINDS
 from attention_jax.lab.models import coupled_max_position
 from attention_jax.lab.models import longest_sequence
@@ -92,16 +92,6 @@ def check_shard(shard) -> None:
       'when set, else the whole sweep).')
 
 
-def option_refusal(name: str, options: dict, error: Exception) -> Optional[str]:
-  """`error` of building encoding `name` as the config key of the option it
-  names ('rope: base=-1.0 must be …' -> 'model.encoding_options.rope.base=
-  -1.0 must be …'); None when it names none of `options`."""
-  text, prefix = str(error), f'{name}: '
-  if text.startswith(prefix) and text[len(prefix):].split('=')[0] in options:
-    return f'model.encoding_options.{name}.{text[len(prefix):]}'
-  return None
-
-
 def _check_option_values(m, name: str, values) -> None:
   """Builds encoding `name` with its listed options, also where no run uses
   it: a bad value is refused now, not when a later run names the encoding.
@@ -111,8 +101,7 @@ def _check_option_values(m, name: str, values) -> None:
   if not options:
     return
   try:
-    make_encoding(name, d_model=m.d_model, num_heads=m.num_heads, max_positions=None,
-                  causal=True, rngs=nnx.Rngs(0), **options)
+    probe_encoding(name, m, None, options)
   except (ValueError, TypeError) as e:
     refusal = option_refusal(name, options, e)
     _require(refusal is None, refusal)
@@ -160,9 +149,7 @@ def kernel_refusal(config: ml_collections.ConfigDict, spec: str) -> Optional[str
   name, _, modifier = spec.partition(':')
   options = (m.get('encoding_options') or {}).get(name) or {}
   try:  # bad option values fail here, before any file is written
-    encoding = make_encoding(name, d_model=m.d_model, num_heads=m.num_heads,
-                             max_positions=max(8, m.get('max_positions') or 0),
-                             causal=True, rngs=nnx.Rngs(0), **dict(options))
+    encoding = probe_encoding(name, m, max(8, m.get('max_positions') or 0), options)
   except (ValueError, TypeError) as e:
     if not options and m.attention_implementation in ('auto', 'dense'):
       return None  # not the options: the model checks below name the field
@@ -198,8 +185,7 @@ def position_refusal(config: ml_collections.ConfigDict, spec: str,
   name = spec.partition(':')[0]
   options = dict((m.get('encoding_options') or {}).get(name) or {})
   try:  # no table size: the learned table's rows have a check of their own below
-    encoding = make_encoding(name, d_model=m.d_model, num_heads=m.num_heads,
-                             max_positions=None, causal=True, rngs=nnx.Rngs(0), **options)
+    encoding = probe_encoding(name, m, None, options)
   except (ValueError, TypeError):
     return None  # kernel_refusal and the model checks name what is wrong
   for task in task_names:
