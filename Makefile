@@ -15,7 +15,7 @@ $(STAMP): requirements.txt pyproject.toml
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --durations=10 tests
+	$(BIN)/python -m pytest -n 2 --durations=10 -m "not slow" tests
 
 # The default length-extrapolation study (CPU preset; see configs/copy.py).
 experiment: $(STAMP)

@@ -1,6 +1,15 @@
-"""The suite cleans up after itself: every temporary folder a test makes
-(`tempfile.mkdtemp`, and those of the processes it starts, through TMPDIR)
-lies under one folder per test process, removed when that process ends."""
+"""What every test process shares.
+
+* The slow tier is the `slow` marker: `make test` runs `-m "not slow"`,
+  `.ci/run` then `-m slow` (process-level tests that train several tiny
+  models, a wheel installed away from the clone).
+* One persistent XLA compilation cache (`.jax_cache/` in the clone, ignored
+  by git): the suite's processes compile the same small programs many times
+  over, and a rerun finds them compiled.
+* The suite cleans up after itself: every temporary folder a test makes
+  (`tempfile.mkdtemp`, and those of the processes it starts, through TMPDIR)
+  lies under one folder per test process, removed when that process ends.
+"""
 
 import os
 import shutil
@@ -9,8 +18,16 @@ import tempfile
 _KEY = 'ATTENTION_JAX_TEST_TMPDIR'
 
 
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Read by JAX when it is imported (here first, and in every process a test
+# starts, through the environment); every program is cached, however fast.
+os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', os.path.join(_ROOT, '.jax_cache'))
+os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
+os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
+
+
 def pytest_configure(config):
-  del config
+  config.addinivalue_line('markers', 'slow: the slow tier (.ci/run runs it; make test does not)')
   previous = os.environ.get('TMPDIR')
   folder = tempfile.mkdtemp(prefix='attention_jax-tests-')
   os.environ[_KEY] = folder

@@ -16,6 +16,7 @@ import tempfile
 import zipfile
 
 from absl.testing import absltest
+import pytest
 
 from attention_jax.lab import presets
 
@@ -61,13 +62,9 @@ class PresetsTest(absltest.TestCase):
       presets.resolve('elsewhere/copy.py')  # a folder other than configs/ is a path
 
 
-# About a minute on a 2-core CPU (a wheel, an install, a tiny study): .ci/run
-# runs it after `make test`, which leaves it out.
-INSTALL_TEST = 'ATTENTION_JAX_INSTALL_TEST'
-
-
-@absltest.skipUnless(os.environ.get(INSTALL_TEST) == '1',
-                     f'slow; {INSTALL_TEST}=1 runs it (.ci/run does)')
+# About a minute on a 2-core CPU (a wheel, an install, a tiny study): the slow
+# tier (`.ci/run` runs it after `make test`, which leaves it out).
+@pytest.mark.slow
 class InstalledTest(absltest.TestCase):
   """The wheel, installed non-editable, away from the clone."""
 

@@ -179,7 +179,7 @@ class CopeMatchesTheOfficialTest(chex.TestCase, parameterized.TestCase):
 class CopeInModelsTest(chex.TestCase, parameterized.TestCase):
 
   def test_cope_cached_decoding_equals_the_full_pass(self):
-    """With a random table (the generic test in test_variants.py has the zeros
+    """With a random table (the generic test in tests/nn/test_grouped_query.py has the zeros
     of the start), grouped queries, a window (the gates count only what it
     shows) and npos = 3 (positions past the clamp)."""
     enc = pe.make_encoding('cope', d_model=16, num_heads=4, npos=3)

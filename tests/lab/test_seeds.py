@@ -10,15 +10,15 @@ import chex
 import jax
 import numpy as np
 from absl.testing import absltest
+import pytest
 from flax import nnx
 
 from attention_jax.lab import train
 from attention_jax.lab.study import run_study
 from attention_jax.lab.train.interrupt import TrainingInterrupted
-from tests import tiers
 from configs import copy as copy_config
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SEEDS = (0, 1, 2)
 
 
@@ -45,7 +45,7 @@ def _losses(workdir):
 
 class VmappedSeedsTest(absltest.TestCase):
 
-  @tiers.slow
+  @pytest.mark.slow
   def test_vmapped_seeds_equal_sequential_runs_and_resume_bitwise(self):
     """100 steps: every leaf of every seed within relative 1e-5 of its
     sequential run, and the same per-step losses; a vmapped run stopped at
@@ -71,7 +71,7 @@ class VmappedSeedsTest(absltest.TestCase):
       chex.assert_trees_all_equal(_params(a), _params(b))
       self.assertEqual(_losses(da), _losses(db))
 
-  @tiers.slow
+  @pytest.mark.slow
   def test_study_switches_give_the_same_rows(self):
     """`study.vmap_seeds` on and off: the same results.csv accuracies;
     `study.parallel_setups` 2 and 1: the same rows, bit for bit."""
@@ -91,7 +91,7 @@ class VmappedSeedsTest(absltest.TestCase):
                        (b['encoding'], b['seed'], b['length']))
       self.assertAlmostEqual(a['token_accuracy'], b['token_accuracy'], places=6)
 
-  @tiers.slow
+  @pytest.mark.slow
   def test_seed_axis_on_four_devices(self):
     """4 seeds on 4 (fake CPU) devices: the seed axis is the mesh axis and
     every seed equals its single-device run."""

@@ -14,6 +14,7 @@ import sys
 import tempfile
 
 from absl.testing import absltest
+import pytest
 
 from attention_jax.lab import plots
 from attention_jax.lab import results
@@ -25,10 +26,9 @@ from attention_jax.lab.study import run_study
 from attention_jax.lab.train.interrupt import TrainingInterrupted
 from attention_jax.lab.train.loop import run_name
 from attention_jax.lab.validate import ConfigError
-from tests import tiers
 from configs import copy as copy_config
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _TMP = STUDY = RUN = None
 _RESUMED = ''  # stdout of the run's resumption, progress bar off
 
@@ -46,8 +46,6 @@ def _run_config():
 
 def setUpModule():
   global _TMP, STUDY, RUN, _RESUMED
-  if not tiers.RUN_SLOW:
-    return  # every test here is in the slow tier
   _TMP = tempfile.mkdtemp()
   STUDY, RUN = os.path.join(_TMP, 'study'), os.path.join(_TMP, 'one')
   study = _tiny('alibi')
@@ -77,7 +75,7 @@ def _mtimes(folder):
   return {n: os.path.getmtime(os.path.join(folder, n)) for n in os.listdir(folder)}
 
 
-@tiers.slow
+@pytest.mark.slow
 class ReadWorkdirTest(absltest.TestCase):
 
   def test_both_kinds_are_read(self):
@@ -108,7 +106,7 @@ class ReadWorkdirTest(absltest.TestCase):
     self.assertEqual([n for n, _ in same['lines']], [8, 16, 32])
 
 
-@tiers.slow
+@pytest.mark.slow
 class CompareTest(absltest.TestCase):
 
   def test_cells_differences_and_cells_in_one_study_only(self):
@@ -127,7 +125,7 @@ class CompareTest(absltest.TestCase):
     self.assertTrue(all(line.endswith('| — | only in b |') for line in only), only)
 
 
-@tiers.slow
+@pytest.mark.slow
 class PlotProcessTest(absltest.TestCase):
 
   def test_a_run_and_a_study_in_either_order(self):
@@ -152,7 +150,7 @@ class PlotProcessTest(absltest.TestCase):
     self.assertFalse(os.path.exists(out_dir))
 
 
-@tiers.slow
+@pytest.mark.slow
 class AttentionMapsTest(absltest.TestCase):
 
   def test_study_config_is_read_from_the_workdir(self):
@@ -171,7 +169,7 @@ class AttentionMapsTest(absltest.TestCase):
     self.assertTrue(os.path.exists(os.path.join(draw_in, 'attention_maps_rope.png')))
 
 
-@tiers.slow
+@pytest.mark.slow
 class RerunTest(absltest.TestCase):
 
   def test_resuming_is_said_with_the_progress_bar_off(self):

@@ -34,7 +34,7 @@ from attention_jax.lab.validate import ConfigError
 from attention_jax.lab.validate import validate_config
 from configs import copy as copy_config
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 # The study's settings, as flags for the entry points and as a config here.
 FLAGS = ('--config=configs/copy.py:size=tiny,encoding=none', '--config.eval.generate=False',
          '--config.eval.lengths=(2,4)', '--config.study.seeds=(0,1)',
@@ -47,7 +47,7 @@ def _config(**overrides):
   c.study.seeds = (0, 1)
   # Runs compared bit for bit with single-run resumes (run_one) are trained
   # one at a time; a vmapped group equals them to float tolerance only
-  # (tests/test_seeds.py).
+  # (tests/lab/test_seeds.py).
   c.study.vmap_seeds = False
   c.train.update(checkpoint_every=2, checkpoint_keep=3)  # checkpoints 2, 4 and 5
   for key, value in overrides.items():  # section__field=value
@@ -105,7 +105,7 @@ class WorkdirIdentityTest(absltest.TestCase):
     with self.assertRaises(identity.RunMismatch) as raised:
       run_study(_config(train__num_steps=4, study__seeds=(0, 1, 2)), workdir, log=lambda _: None)
     message = str(raised.exception)
-    # A larger count would extend the runs (tests/test_train_longer.py); a smaller one cannot.
+    # A larger count would extend the runs (tests/lab/test_train_longer.py); a smaller one cannot.
     self.assertIn(f'{_run0(workdir)} was trained toward train.num_steps=5, this config has 4: '
                   'a run cannot be shortened', message)
     self.assertIn('(1 more runs differ as well)', message)
@@ -183,7 +183,7 @@ class WorkdirIdentityTest(absltest.TestCase):
     workdir = _copy()
     seed0 = _run0(workdir)
     metrics, checkpoints = _read(os.path.join(seed0, 'metrics.jsonl')), _checkpoints(seed0)
-    # Drawing (eager, slow) is tests/test_diagnostics.py's; here: which model is drawn.
+    # Drawing (eager, slow) is tests/lab/test_diagnostics.py's; here: which model is drawn.
     with mock.patch('attention_jax.lab.diagnose._draw', return_value=np.zeros(12)) as draw:
       run_diagnostics(_config(), workdir, num_examples=2, log=lambda _: None)
     self.assertEqual(draw.call_args.args[0].train.seed, 0)
@@ -251,7 +251,7 @@ class StopRequestTest(absltest.TestCase):
         import os, signal
         from attention_jax.lab.runtime import entry_point
         from attention_jax.lab.study import run_study
-        from tests.test_trust import _config
+        from tests.lab.test_workdir_trust import _config
         kill = lambda *_: os.kill(os.getpid(), signal.SIGTERM)
         with entry_point(_config()):
           run_study(_config(), {workdir!r}, on_trained=kill)

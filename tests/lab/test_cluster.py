@@ -15,6 +15,7 @@ from unittest import mock
 
 import chex
 from absl.testing import absltest
+import pytest
 from absl.testing import parameterized
 
 from attention_jax.lab import cluster
@@ -29,10 +30,9 @@ from attention_jax.lab.train.interrupt import TIME_BUDGET
 from attention_jax.lab.train.interrupt import TrainingInterrupted
 from attention_jax.lab.validate import ConfigError
 from attention_jax.lab.validate import validate_config
-from tests import tiers
 from configs import copy as copy_config
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Two setups, one length bucket each side of L_train, no generation: few compiles.
 STUDY_FLAGS = ("--config.study.encodings=('none','alibi')", '--config.eval.generate=False',
                '--config.eval.lengths=(2,6)', '--config.study.parallel_setups=1')
@@ -228,7 +228,7 @@ class TimeBudgetTest(absltest.TestCase):
     self.assertFalse(os.path.exists(os.path.join(workdir, 'results.csv')))
 
 
-@tiers.slow
+@pytest.mark.slow
 class ProcessTest(absltest.TestCase):
   """Several processes at once on one workdir."""
 

@@ -28,7 +28,7 @@ from attention_jax.lab.validate import ConfigError
 from attention_jax.lab.validate import validate_config
 from configs import copy as copy_config
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 TINY = '--config=configs/copy.py:size=tiny'
 
 

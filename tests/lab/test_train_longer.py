@@ -36,7 +36,7 @@ from attention_jax.lab.train.optimizer import learning_rate_schedule
 from attention_jax.lab.validate import ConfigError
 from configs import copy as copy_config
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 N = 5  # the tiny preset's num_steps
 
 

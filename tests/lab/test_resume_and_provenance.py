@@ -24,7 +24,7 @@ from attention_jax.lab.train.checkpoint import Checkpointer
 from attention_jax.lab.train.interrupt import TrainingInterrupted
 from configs import copy as copy_config
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _config(**train_overrides):
