@@ -17,7 +17,7 @@ is among query i's keys (mask `triu(1)` instead of `triu(0)` there). Query
 0 without it has no key: A = 0 and its output is v_0.
 
 Matching the official code (sb_ref.py and tests/test_attn.py `ref_fwd`,
-commit ea69b8dd; tests/test_stick_breaking.py transcribes both): the same
+commit ea69b8dd; tests/attention/test_stick_breaking.py transcribes both): the same
 weights (its mask `triu(0)` / `triu(1)` is our visible set, its `cum_weight
 = tril(-1)` contraction our shifted suffix sum, masked keys log β = 0, so the
 product runs over the visible keys only) and the same remainder to v_i.

@@ -36,7 +36,7 @@ float32 whatever the dtype of q and k.
 Matching the official code. github.com/facebookresearch/RAM,
 projects/cope/src/cope/context_position.py, class `ContextPosSelfAttn`
 (commit eff93c70), called from projects/cope/src/models/transformer.py
-`MultiHeadAttn` with key_cope = key; tests/test_cope.py transcribes its
+`MultiHeadAttn` with key_cope = key; tests/positional/test_cope.py transcribes its
 forward and matches it. Paper and code differ; we follow the code:
 
 * √D in the gates: the paper writes g_ij = σ(q_i · k_j); the code divides

@@ -40,7 +40,7 @@ megatron/model/positional_embeddings.py, classes `ParallelKerpleLog_C`
 megatron/model/transformer.py `ParallelSelfAttention.attention` on
 `attention_scores` = baddbmm(q, kᵀ, alpha=1/norm_factor) before the mask and
 softmax; DAPE.py (commit dbe2889f: `ParallelKerpleLog_DAPE`, `AliBi_DAPE`)
-has the same forwards. tests/test_dape.py transcribes them and matches.
+has the same forwards. tests/positional/test_dape.py transcribes them and matches.
 
 * Residual form: the code returns x + bias + mlp2(cat(x, bias)), i.e.
   s + B + f(s, B), B kept outside f. Ours: the same.

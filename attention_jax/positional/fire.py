@@ -28,7 +28,7 @@ never the log of a negative number. Float32 `[H, T_q, T_k]` for positions
 Matching the reference code. There is no official repository; the reference
 is the port users run, github.com/mcleish7/arithmetic,
 cramming/architectures/embeddings.py, class `FIRE` (commit 55af9d5e), whose
-forward tests/test_fire.py transcribes and matches. Where the paper's formula
+forward tests/positional/test_fire.py transcribes and matches. Where the paper's formula
 b(i, j) = f_θ(ψ(i − j)/ψ(max{L, i})), ψ(x) = log(cx + 1), and that code
 differ, we follow the code:
 

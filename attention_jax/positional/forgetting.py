@@ -26,7 +26,7 @@ Matching the official code. Reference: github.com/zhixuan-lin/forgetting-transfo
 (last changed in 15ec3008; its reference path is the PyTorch one in `test_op`)
 and the layer `ForgettingAttentionLayer` in
 `src/forgetting_transformer/model/forgetting_transformer/modeling_forgetting_transformer.py`.
-tests/test_forgetting.py transcribes the op's reference and the layer's gate.
+tests/positional/test_forgetting.py transcribes the op's reference and the layer's gate.
 The paper's formula and the code's agree; where the code and ours differ:
 
 * The gate is the code's default `fgate_type='full'`: `fgate_proj =

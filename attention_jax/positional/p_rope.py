@@ -33,7 +33,7 @@ Matching the official code
 --------------------------
 Reference: Google DeepMind's JAX Gemma code, github.com/google-deepmind/gemma,
 `gemma/gm/math/_positional_embeddings.py`, `apply_rope(..., rope_proportion)`
-(tests/test_p_rope.py transcribes it):
+(tests/positional/test_p_rope.py transcribes it):
 * Rounding, followed: `rope_angles = int(rope_proportion * head_dim // 2)`,
   i.e. the float product p · D floor-divided by 2 (Python evaluates `*` and
   `//` left to right), then `int`. We evaluate the same expression in

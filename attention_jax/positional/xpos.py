@@ -36,7 +36,7 @@ the positions you use to cover 2 × 17,847 of them.
 Pairing convention: split halves, as 'rope' (dimension i with i + D/2). The
 official code pairs neighbours (2i, 2i+1); the two are the same map up to
 the fixed feature permutation π(2i) = i, π(2i+1) = i + D/2, which a learned
-projection absorbs: ours(x)[π] = official(x[π]) (tests/test_xpos.py).
+projection absorbs: ours(x)[π] = official(x[π]) (tests/positional/test_xpos.py).
 
 Causal only: `causal=False` is refused. For a key after the query (n > m)
 the factor ζ^((m - n)/γ) is > 1 and grows exponentially with the distance —
@@ -53,7 +53,7 @@ Matching the official code
 github.com/microsoft/torchscale, `torchscale/component/xpos_relative_position.py`
 (class `XPOS`, last changed in 9d968a2, which fixed `max_pos` of the first
 version, `xpos.py`) and its caller `torchscale/component/multihead_attention.py`
-(tests/test_xpos.py transcribes both):
+(tests/positional/test_xpos.py transcribes both):
 * ζ_i = (2i + 0.4 D) / (1.4 D), `scale_base` = 512, q upscaled, k downscaled
   (`downscale=True`): followed.
 * Frequencies: the code hard-codes base 10,000 (`fixed_pos_embedding`);
