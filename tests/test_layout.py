@@ -47,18 +47,39 @@ def _imports(path):
 
 class LayoutTest(absltest.TestCase):
 
-  def test_readme_file_tree_lists_every_tracked_file(self):
+  def _tracked(self):
     if not os.path.isdir(os.path.join(ROOT, '.git')):
       self.skipTest('not a git checkout')
+    return set(subprocess.run(['git', 'ls-files'], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.split())
+
+  def test_docs_files_lists_every_tracked_file(self):
+    """docs/files.md: one line per tracked file (first word the path) in its
+    ``` blocks, and nothing git does not track."""
+    tracked = self._tracked()
+    text = pathlib.Path(ROOT, 'docs', 'files.md').read_text(encoding='utf-8')
+    blocks = text.split('```')[1::2]
+    listed = [line.split()[0] for block in blocks for line in block.splitlines() if line.strip()]
+    self.assertEqual(sorted(p for p in set(listed) if listed.count(p) > 1), [],
+                     'docs/files.md lists these twice')
+    self.assertEqual(sorted(tracked - set(listed)), [], 'files missing from docs/files.md')
+    self.assertEqual(sorted(set(listed) - tracked), [], 'docs/files.md names files not in git')
+
+  def test_readme_tree_names_every_folder(self):
+    """The README's folder tree (the first ``` block of "## Architecture"):
+    every top-level folder that holds tracked files, and every package folder
+    (a tracked __init__.py) below it, one line each; no folder that holds none."""
+    tracked = self._tracked()
     text = pathlib.Path(ROOT, 'README.md').read_text(encoding='utf-8')
-    block = text[text.index('\n## Files'):]
-    block = block[block.index('```') + 3:]
-    listed = {line.split()[0] for line in block[:block.index('```')].splitlines()
-              if line.strip()}
-    tracked = set(subprocess.run(['git', 'ls-files'], cwd=ROOT, capture_output=True,
-                                 text=True, check=True).stdout.split())
-    self.assertEqual(sorted(tracked - listed), [], 'files missing from README "Files"')
-    self.assertEqual(sorted(listed - tracked), [], 'README "Files" names files not in git')
+    section = text[text.index('\n## Architecture'):]
+    block = section.split('```')[1]
+    listed = {line.split()[0].rstrip('/') for line in block.splitlines() if line.strip()}
+    top = {p.split('/')[0] for p in tracked if '/' in p}
+    packages = {os.path.dirname(p) for p in tracked if p.endswith('/__init__.py')}
+    self.assertEqual(sorted((top | packages) - listed), [], 'folders missing from the README tree')
+    folders = {os.path.dirname(p) for p in tracked}
+    held = {'/'.join(f.split('/')[:i]) for f in folders for i in range(1, f.count('/') + 2)}
+    self.assertEqual(sorted(listed - held), [], 'the README tree names folders without tracked files')
 
   def test_library_modules_import_nothing_of_the_lab(self):
     files = list(_library_files())
