@@ -19,7 +19,7 @@ test: $(STAMP)
 
 # The default length-extrapolation study (CPU preset; see configs/copy.py).
 experiment: $(STAMP)
-	$(BIN)/python -m experiments.length_extrapolation --config=configs/copy.py --workdir=runs/copy
+	$(BIN)/python -m experiments.length_extrapolation --config=configs/copy.py --workdir=runs/study
 
 # Lesson 7's worked example and shapes, recomputed (its time: README).
 demo: $(STAMP)

@@ -55,7 +55,7 @@ step alibi_65536 60 $PY -m benchmarks.kernels --impls=pallas_gpu,chunked --specs
 step seeds 120 $PY -m benchmarks.seeds --seeds=1,3,10 --steps=200 --repeats=3 --nopytorch \
   --paper --out="$OUT/seeds"
 step tiny_study 60 $PY -m experiments.length_extrapolation \
-  --config=configs/copy.py:size=tiny --workdir="$OUT/tiny_study"
+  --config=configs/copy.py:scale=tiny --workdir="$OUT/tiny_study"
 if [ ${#failed[@]} -gt 0 ]; then
   echo "failed: ${failed[*]} (logs in $OUT)" >&2
   exit 1

@@ -50,7 +50,7 @@ def _run(mode: dict) -> tuple[float, list[dict], dict]:
   rows = run_study(config, workdir, log=lambda _: None)
   wall = time.perf_counter() - start
   totals = dict.fromkeys([s for k in _STAGES for s in (k, f'{k}_compile')], 0.0)
-  for root, _, files in os.walk(os.path.join(workdir, 'runs')):
+  for root, _, files in os.walk(workdir):
     if 'run.json' in files:
       with open(os.path.join(root, 'run.json')) as f:
         times = json.load(f)['time_breakdown']

@@ -12,7 +12,7 @@ under teacher forcing; exact match means the same for both. Writes
 results.csv, summary.md, extrapolation.png and attention_heatmap.png (Bahdanau
 weights on one copy example at L_train and at 4 × L_train). About 4 minutes on
 2 CPU cores; see the README for a real run. Presets as in configs/copy.py
-(`:task=reverse`, `:size=tiny`).
+(`:task=reverse`, `:scale=tiny`).
 """
 
 try:  # installed: the presets ship as attention_jax.configs

@@ -1,6 +1,6 @@
 r"""Attention heat maps and entropy: why an encoding fails to extrapolate.
 
-  python -m experiments.attention_maps --workdir=runs/copy
+  python -m experiments.attention_maps --workdir=runs/study
 
 Run it on a study's workdir (`make experiment`) or on one experiments.train
 run's: the config is the workdir's own (pass --config only to check the runs
@@ -26,7 +26,7 @@ from attention_jax.lab.runtime import parse_flags
 
 _CONFIG = presets.DEFINE_config_file(
     'config', 'copy', 'Study configuration.')
-_WORKDIR = flags.DEFINE_string('workdir', 'runs/copy', 'The study workdir to read and draw into.')
+_WORKDIR = flags.DEFINE_string('workdir', 'runs/study', 'The study workdir to read and draw into.')
 
 
 def main(argv):

@@ -4,7 +4,7 @@ point's `main` under absl, as `python -m experiments.NAME` does in the clone.
 Installed, this package is `attention_jax.experiments` (the wheel maps
 experiments/ there), so the scripts run from any folder:
 
-  attention-jax-study --config=copy:size=tiny --workdir=runs/tiny
+  attention-jax-study --config=copy:scale=tiny --workdir=runs/tiny
 """
 
 import importlib

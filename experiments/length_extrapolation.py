@@ -2,7 +2,7 @@ r"""The length-extrapolation study: tasks × encodings × seeds, train short,
 evaluate long.
 
   python -m experiments.length_extrapolation --config=configs/copy.py \
-      --workdir=runs/copy [--config.study.seeds="(0,1)"] [...]
+      --workdir=runs/study [--config.study.seeds="(0,1)"] [...]
 
 Writes results.csv, summary.md and extrapolation.png into --workdir, and each
 run into --workdir/runs/. Re-running the same command skips finished runs.
@@ -20,7 +20,7 @@ from attention_jax.lab.study import run_study
 
 _CONFIG = presets.DEFINE_config_file(
     'config', 'copy', 'Study configuration.')
-_WORKDIR = flags.DEFINE_string('workdir', 'runs/copy', 'Where outputs are written.')
+_WORKDIR = flags.DEFINE_string('workdir', 'runs/study', 'Where outputs are written.')
 
 
 def main(argv):

@@ -1,6 +1,6 @@
 r"""Redraw figures from finished (or partly finished) workdirs, after the fact.
 
-  python -m experiments.plot --workdir=runs/copy [--workdir=runs/one ...] \
+  python -m experiments.plot --workdir=runs/study [--workdir=runs/one ...] \
       [--out=DIR]
 
 Reads only files, from workdirs of either kind in any order: a study's

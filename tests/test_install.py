@@ -40,12 +40,12 @@ class PresetsTest(absltest.TestCase):
 
   def test_preset_names_resolve_to_the_packaged_files(self):
     copy = os.path.join(presets.presets_dir(), 'copy.py')
-    for spec in ('copy:size=tiny', 'copy.py:size=tiny', 'configs/copy.py:size=tiny'):
+    for spec in ('copy:scale=tiny', 'copy.py:scale=tiny', 'configs/copy.py:scale=tiny'):
       with self.subTest(spec=spec):
         cwd = os.getcwd()
         os.chdir(tempfile.mkdtemp())  # no configs/copy.py here
         try:
-          self.assertEqual(presets.resolve(spec), copy + ':size=tiny')
+          self.assertEqual(presets.resolve(spec), copy + ':scale=tiny')
         finally:
           os.chdir(cwd)
     self.assertEqual(presets.available(), ['copy', 'seq2seq'])
@@ -53,11 +53,11 @@ class PresetsTest(absltest.TestCase):
   def test_an_existing_file_is_used_as_given(self):
     path = os.path.join(tempfile.mkdtemp(), 'copy.py')
     open(path, 'w').close()
-    self.assertEqual(presets.resolve(f'{path}:size=tiny'), f'{path}:size=tiny')
+    self.assertEqual(presets.resolve(f'{path}:scale=tiny'), f'{path}:scale=tiny')
 
   def test_unknown_preset_names_it_and_the_presets(self):
     with self.assertRaisesRegex(ValueError, r"'nope'.*presets: copy, seq2seq"):
-      presets.resolve('nope:size=tiny')
+      presets.resolve('nope:scale=tiny')
     with self.assertRaisesRegex(ValueError, r"'elsewhere/copy.py'"):
       presets.resolve('elsewhere/copy.py')  # a folder other than configs/ is a path
 
@@ -133,7 +133,7 @@ class InstalledTest(absltest.TestCase):
 
   def test_tiny_study_runs_from_another_folder(self):
     workdir = os.path.join(self.away, 'runs', 'tiny')
-    result = self._script('attention-jax-study', '--config=copy:size=tiny',
+    result = self._script('attention-jax-study', '--config=copy:scale=tiny',
                           '--config.study.encodings=("alibi",)', '--config.study.seeds=(0,)',
                           f'--workdir={workdir}')
     self.assertEqual(result.returncode, 0, result.stderr[-3000:])
@@ -144,7 +144,7 @@ class InstalledTest(absltest.TestCase):
     self.assertTrue(os.path.exists(os.path.join(workdir, 'extrapolation.png')))
 
   def test_unknown_preset_is_one_line_and_exit_2(self):
-    result = self._script('attention-jax-train', '--config=nope:size=tiny',
+    result = self._script('attention-jax-train', '--config=nope:scale=tiny',
                           f'--workdir={os.path.join(self.away, "never")}')
     self.assertEqual(result.returncode, 2, result.stderr)
     lines = result.stderr.strip().splitlines()

@@ -13,8 +13,6 @@ from typing import Mapping, Optional, Sequence
 
 import ml_collections
 
-from attention_jax.lab import identity
-
 from attention_jax.lab.validate import ConfigError
 from attention_jax.lab.validate import check_shard
 
@@ -76,32 +74,32 @@ def shard_runs(names: Sequence[str], index: int, count: int, *,
   return [i for i, key in enumerate(keys) if key in mine]
 
 
-def assigned(config: ml_collections.ConfigDict, names: Sequence[str], index: int,
+def assigned(config: ml_collections.ConfigDict, runs: Sequence, index: int,
              count: int) -> set[int]:
-  """Run numbers (1-based, sweep order) of shard `index` of `count`;
-  `names`: each run's place 'TASK/LABEL/seedN'."""
+  """Run numbers (`plan.Run.number`) of shard `index` of `count` of the
+  planned `runs` (dealt by their places 'TASK/LABEL/seedN')."""
+  names = [run.place for run in runs]
   setups = [os.path.dirname(n) for n in names] if stacks_seeds(config) else None
-  return {i + 1 for i in shard_runs(names, index, count, setups=setups)}
+  return {runs[i].number for i in shard_runs(names, index, count, setups=setups)}
 
 
-def finished(numbered: list, fresh: dict, workdir: str, report_only: bool):
+def finished(runs: Sequence, fresh: dict, workdir: str, report_only: bool):
   """Whether the whole sweep is done, read from its run directories.
 
-  `numbered`: (run number, (config, run_dir)) of every run of the sweep;
-  `fresh`: rows evaluated in this process, by run number. Returns (rows of
-  every run in sweep order, None) when every run is evaluated with its
-  config, else (None, what is missing), or with `report_only` a
-  `ConfigError` saying it.
+  `runs`: the planned `plan.Run` records of the sweep; `fresh`: rows
+  evaluated in this process, by run number. Returns (rows of every run in
+  sweep order, None) when every run is evaluated with its config, else
+  (None, what is missing), or with `report_only` a `ConfigError` saying it.
   """
   rows, missing = [], []
-  for i, (c, run_dir) in numbered:
-    found = fresh[i] if i in fresh else identity.evaluated_rows(run_dir, c)
+  for run in runs:
+    found = fresh[run.number] if run.number in fresh else run.rows()
     rows += found or []
-    missing += [] if found else [os.path.relpath(run_dir, workdir)]
+    missing += [] if found else [os.path.relpath(run.directory, workdir)]
   if not missing:
     return rows, None
   verb = 'is' if len(missing) == 1 else 'are'
-  left = f'{len(missing)} of the {len(numbered)} runs {verb} not finished (first: {missing[0]})'
+  left = f'{len(missing)} of the {len(runs)} runs {verb} not finished (first: {missing[0]})'
   if report_only:
     raise ConfigError(f'study.report_only: {left}; train them first (the same command '
                       'without study.report_only, or its shards).')

@@ -19,7 +19,6 @@ Without a config, the workdir's own is used (`stored_config`), so the study's
 encodings, seeds and tasks need not be repeated.
 """
 
-import glob
 import importlib
 
 import os
@@ -36,9 +35,9 @@ from attention_jax.lab import tasks
 from attention_jax.lab import workdirs
 from attention_jax.lab.plots import plot_attention_maps
 from attention_jax.lab.plots import plot_entropy
-from attention_jax.lab.study import run_configs
-from attention_jax.lab.study import run_directory
-from attention_jax.lab.study import run_label
+from attention_jax.lab.entries import run_label
+from attention_jax.lab.plan import place
+from attention_jax.lab.plan import run_configs
 from attention_jax.lab.train.interrupt import raise_if_stopped
 from attention_jax.lab.train.interrupt import stop_requests
 from attention_jax.lab.train.loop import load_trained
@@ -50,7 +49,7 @@ def _trained_run(config: ml_collections.ConfigDict, workdir: str) -> str:
   """The directory of `config`'s finished run in the study `workdir`: its
   run directory, or the sibling a `study.on_mismatch=retrain` sweep trained
   it into. A clear error if there is none."""
-  run_dir = run_directory(workdir, config)
+  run_dir = os.path.join(workdir, place(config))
   found = identity.find_trained(run_dir, config)
   if found:
     return found
@@ -68,8 +67,8 @@ def stored_config(workdir: str) -> ml_collections.ConfigDict:
   included). Modules in its `imports` are imported (a registered encoding)."""
   candidates = [os.path.join(workdir, 'config.json')]
   if workdirs.kind(workdir) == 'study' and not os.path.exists(candidates[0]):
-    candidates = sorted(glob.glob(os.path.join(workdir, 'runs', '*', '*', 'seed*', 'config.json')),
-                        key=os.path.getmtime, reverse=True)
+    candidates = sorted(workdirs.run_files(workdir, 'config.json'), key=os.path.getmtime,
+                        reverse=True)
   for path in candidates:
     config = identity.read_config(os.path.dirname(path))
     if config is not None:
@@ -77,7 +76,7 @@ def stored_config(workdir: str) -> ml_collections.ConfigDict:
         importlib.import_module(module)
       return config
   raise ConfigError(f'--workdir={workdir} holds no readable config.json (nor '
-                    'runs/TASK/LABEL/seedN/config.json); expected a trained study or run.')
+                    'TASK/LABEL/seedN/config.json); expected a trained study or run.')
 
 
 def run_diagnostics(config: Optional[ml_collections.ConfigDict], workdir: str, *,

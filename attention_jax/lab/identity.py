@@ -33,7 +33,7 @@ import ml_collections
 from flax import nnx
 
 from attention_jax.lab import models
-from attention_jax.lab.models import flatten
+from attention_jax.lab.entries import flatten
 from attention_jax.lab import results
 from attention_jax.lab.validate import ConfigError
 
@@ -49,7 +49,7 @@ NOT_TRAINING = (
 )
 # Fields whose change re-evaluates a stored model.
 EVALUATION = ('eval.', 'positions.randomized_eval')
-# What places a run in a sweep (and in `runs/TASK/LABEL/seedN`).
+# What places a run in a sweep (and in `TASK/LABEL/seedN`).
 RUN_KEYS = ('task.name', 'model.kind', 'model.encoding', 'train.seed')
 HINT = ('use a new --workdir, or --config.study.on_mismatch=retrain to train into a '
         'fresh run directory.')
@@ -166,7 +166,9 @@ def differences(stored: ml_collections.ConfigDict, config: ml_collections.Config
                 ) -> list[tuple[str, object, object]]:
   """(field, stored value, value in `config`) for each trained-model field
   that differs."""
-  old, new = trained_fields(stored), trained_fields(config)
+  # Options a config leaves to the encoding's defaults count as those values
+  # (an older config.json lists fewer).
+  old, new = (trained_fields(models.resolve_options(c)) for c in (stored, config))
   for key, value in ADDED_LATER.items():
     old.setdefault(key, value)
     new.setdefault(key, value)

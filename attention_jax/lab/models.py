@@ -9,7 +9,7 @@ functions here are the only place that knows both.
 """
 
 import dataclasses
-from typing import Optional
+import inspect
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +22,7 @@ from attention_jax.lab import tasks
 from attention_jax.nn.seq2seq import Seq2Seq
 from attention_jax.nn.transformer import TransformerLM
 from attention_jax.nn.transformer import greedy_predictions
+from attention_jax.positional import ENCODINGS
 from attention_jax.positional import parse_encoding_spec
 
 MODEL_KINDS = ('transformer', 'seq2seq', 'seq2seq_attention')
@@ -93,85 +94,50 @@ def model_max_positions(config: ml_collections.ConfigDict) -> int:
 
 
 def encoding_options(config: ml_collections.ConfigDict) -> dict:
-  """The keyword options `config.model.encoding_options.NAME` gives the
-  encoding NAME (none when the group has no entry for it). The learned table
-  skips its run-time range check (a host callback): validation has proven
-  that the table covers every position the lab trains and evaluates on."""
+  """The keyword options encoding NAME is built with: its `build` defaults
+  (`option_defaults`), replaced by `config.model.encoding_options.NAME`'s."""
   name = encoding_name(config)
-  options = dict(config.model.encoding_options.get(name) or {})
-  return {'check_positions': False, **options} if name == 'learned' else options
+  return {**option_defaults(name), **dict(config.model.encoding_options.get(name) or {})}
 
 
-# A study.encodings entry 'SPEC+stick_breaking' is SPEC with
-# model.normalization='stick_breaking', so a sweep can hold both side by side.
-STICK_BREAKING_SUFFIX = '+stick_breaking'
+# A `build` argument every encoding takes (`make_encoding`), not an option.
+_COMMON = frozenset({'d_model', 'num_heads', 'max_positions', 'causal', 'rngs'})
+# The lab's own choice for an option (reason beside it), over the default.
+_LAB_DEFAULTS = {
+    # A host callback the lab does not need: validation proves the table
+    # covers every position trained and evaluated (`validate.position_refusal`).
+    'learned': {'check_positions': False},
+}
 
 
-def study_entry(entry: str) -> tuple[str, Optional[str]]:
-  """'SPEC' or 'SPEC+stick_breaking' (a study.encodings entry) -> (SPEC, the
-  model.normalization it sets, or None to keep the config's)."""
-  if entry.endswith(STICK_BREAKING_SUFFIX):
-    return entry[:-len(STICK_BREAKING_SUFFIX)], 'stick_breaking'
-  return entry, None
+def option_defaults(name: str) -> dict:
+  """The keyword options of encoding `name`'s `build`, with their defaults
+  (the lab's, `_LAB_DEFAULTS`, where it has one)."""
+  parameters = inspect.signature(ENCODINGS[name].build).parameters.values()
+  found = {p.name: p.default for p in parameters
+           if p.name not in _COMMON and p.default is not inspect.Parameter.empty}
+  return {**found, **_LAB_DEFAULTS.get(name, {})}
 
 
-def run_label(config: ml_collections.ConfigDict) -> str:
-  """What results.csv's `encoding` column says: the encoding of a transformer
-  (`NAME:randomized` with randomized positions) or the name of its
-  `study.variants` entry (`model.variant`), the model kind ('seq2seq',
-  'seq2seq_attention') of anything else."""
+def resolve_options(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """`config` with its encoding's options complete: every option of the
+  encoding's `build` that `model.encoding_options.NAME` does not set takes
+  its default, so the run's record (config.json, hash) says what was built.
+  Other encodings' groups are left as they are; so is a config of another
+  model kind or an unknown encoding (validation names it)."""
   if config.model.kind != 'transformer':
-    return config.model.kind
-  if config.model.get('variant'):
-    return config.model.variant
-  if config.model.get('normalization', 'softmax') == 'stick_breaking':
-    return config.model.encoding + STICK_BREAKING_SUFFIX
-  return config.model.encoding
-
-
-def study_variants(config: ml_collections.ConfigDict) -> dict:
-  """`config.study.variants` as a plain dict (empty in older configs): a
-  study entry naming one trains that variant of the model (`apply_variant`)."""
-  variants = config.get('study', {}).get('variants')
-  return variants.to_dict() if variants else {}
-
-
-def flatten(tree, prefix: str = '') -> dict:
-  """{'a': {'b': 1}} -> {'a.b': 1} (an empty group has no fields)."""
-  out = {}
-  for key, value in tree.items():
-    if isinstance(value, dict):
-      out.update(flatten(value, f'{prefix}{key}.'))
-    else:
-      out[f'{prefix}{key}'] = value
-  return out
-
-
-def apply_variant(config: ml_collections.ConfigDict, name: str) -> None:
-  """Turns a run's `config` into the `study.variants[name]` variant, in
-  place: each of the variant's fields (a partial config: `model`, `task`,
-  `train` sections) replaces the config's, and `model.variant` names it, so
-  the run's label and directory are the variant's. A field the config does
-  not have is a ValueError naming it (an encoding's options may be new)."""
-  variant = study_variants(config)[name]
-  for key, value in flatten(variant).items():
-    section = key.partition('.')[0]
-    if section not in ('model', 'task', 'train'):
-      raise ValueError(f'study.variants.{name}.{key}: a variant sets model, task and train '
-                       f'fields only, not {section!r}.')
-    *parents, field = key.split('.')
-    node = config
-    for i, part in enumerate(parents):
-      if part not in node:
-        if parents[:i] != ['model', 'encoding_options']:
-          raise ValueError(f'study.variants.{name}.{key}: the config has no '
-                           f'{".".join(parents[:i + 1])}.')
-        node[part] = ml_collections.ConfigDict()
-      node = node[part]
-    if field not in node and parents[:2] != ['model', 'encoding_options']:
-      raise ValueError(f'study.variants.{name}.{key}: the config has no such field.')
-    node[field] = value
-  config.model.variant = name
+    return config
+  try:
+    name = encoding_name(config)
+  except ValueError:
+    return config
+  resolved = ml_collections.ConfigDict(config.to_dict())
+  if resolved.model.get('encoding_options') is None:
+    resolved.model.encoding_options = ml_collections.ConfigDict()
+  groups = resolved.model.encoding_options
+  listed = groups[name].to_dict() if groups.get(name) else {}
+  groups[name] = ml_collections.ConfigDict({**option_defaults(name), **listed})
+  return resolved
 
 
 def normalization(config: ml_collections.ConfigDict) -> Normalization:

@@ -14,8 +14,10 @@ from typing import Optional, Sequence
 
 import ml_collections
 
+from attention_jax.lab import entries
 from attention_jax.lab import identity
 from attention_jax.lab import models
+from attention_jax.lab import plan
 from attention_jax.lab import results
 from attention_jax.lab import tasks
 from attention_jax.lab.evaluate import ambiguity
@@ -23,14 +25,14 @@ from attention_jax.lab.evaluate import eval_lengths
 from attention_jax.lab.plots import plot_extrapolation
 
 
-def other_runs(workdir: str, config: ml_collections.ConfigDict, dirs: list[str]):
-  """Rows of the workdir's finished runs outside this sweep that match its
-  config (as trained and as evaluated), and the coverage lists for summary.md:
-  (covered, earlier, excluded)."""
+def other_runs(workdir: str, config: ml_collections.ConfigDict, runs: list):
+  """Rows of the workdir's finished runs outside this sweep's planned `runs`
+  that match its config (as trained and as evaluated), and the coverage
+  lists for summary.md: (covered, earlier, excluded)."""
   rel = lambda d: os.path.relpath(d, workdir)
-  swept = {os.path.abspath(d) for d in dirs}
+  swept = {os.path.abspath(r.directory) for r in runs}
   rows, earlier, excluded = [], [], []
-  for path in sorted(glob.glob(os.path.join(workdir, 'runs', '*', '*', '*', 'results.csv'))):
+  for path in plan.run_directories(workdir, 'results.csv'):
     run_dir = os.path.dirname(path)
     if os.path.abspath(run_dir) in swept:
       continue
@@ -43,8 +45,14 @@ def other_runs(workdir: str, config: ml_collections.ConfigDict, dirs: list[str])
       section, field = key.split('.')
       candidate[section][field] = stored[section][field]
     variant = stored['model'].get('variant')
-    if variant and variant in models.study_variants(config):  # its fields, from this config
-      models.apply_variant(candidate, variant)
+    if variant:  # its entry's fields, from this config
+      try:
+        candidate = entries.entry_config(candidate, variant)
+      except ValueError:
+        pass  # not an entry this config knows: its fields differ below
+      else:
+        candidate.task.name = stored.task.name
+        candidate.model.kind = stored.model.kind
     diffs = identity.differences(stored, candidate)
     found = None if diffs else identity.evaluated_rows(run_dir, candidate)
     if diffs:
@@ -54,7 +62,7 @@ def other_runs(workdir: str, config: ml_collections.ConfigDict, dirs: list[str])
     else:
       rows += found
       earlier.append(rel(run_dir))
-  return rows, ([rel(d) for d in dirs] + earlier, earlier, excluded)
+  return rows, ([rel(r.directory) for r in runs] + earlier, earlier, excluded)
 
 
 def task_ceilings(config: ml_collections.ConfigDict, task_names: Sequence[str]) -> list[dict]:

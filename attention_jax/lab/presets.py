@@ -2,7 +2,7 @@
 
 The presets (the clone's configs/*.py) ship inside the package as
 `attention_jax.configs`, so an installed package finds them from any folder:
-`--config=copy:size=tiny`, `--config=copy.py:size=tiny` and, where no such
+`--config=copy:scale=tiny`, `--config=copy.py:scale=tiny` and, where no such
 file exists, `--config=configs/copy.py` all name the packaged
 `configs/copy.py`; a path to an existing file is that file, as
 ml_collections reads it. With no `--config`, the default preset is the
@@ -66,7 +66,7 @@ def resolve(spec: str) -> str:
   if folder in ('', 'configs') and name in names:
     return os.path.join(presets_dir(), f'{name}.py') + colon + arg
   raise ConfigError(f'--config={path!r} is neither a file nor a packaged preset; '
-                    f'presets: {", ".join(names)} (e.g. --config={names[0]}:size=tiny), '
+                    f'presets: {", ".join(names)} (e.g. --config={names[0]}:scale=tiny), '
                     'or the path to a get_config file.')
 
 
@@ -125,7 +125,7 @@ def DEFINE_config_file(name: str, default: str, help_string: str,  # pylint: dis
   """
   holder = config_flags.DEFINE_config_file(
       name, resolve(default), f'{help_string} A packaged preset ({", ".join(available())}; '
-      f'e.g. --{name}=copy:size=tiny) or the path to a get_config file.',
+      f'e.g. --{name}=copy:scale=tiny) or the path to a get_config file.',
       # Overrides are read from runtime.parse_flags' checked command line,
       # never at import time: app.run(main, flags_parser=parse_flags).
       flag_values=flag_values, sys_argv=CONFIG_ARGV)

@@ -9,7 +9,6 @@ picks up at the first unfinished run when the same command is run again.
 
 import contextlib
 import functools
-import hashlib
 import json
 import os
 import threading
@@ -30,7 +29,8 @@ from attention_jax.lab.evaluate import evaluate_models
 from attention_jax.lab.evaluate import rope_scaled
 from attention_jax.lab.evaluate.context_extension import evaluation_variants
 from attention_jax.lab import models
-from attention_jax.lab.models import run_label  # the label results.csv and run folders use
+from attention_jax.lab import plan
+from attention_jax.lab.entries import run_label
 from attention_jax.lab.run_record import write_run
 from attention_jax.lab.timing import Stopwatch
 from attention_jax.lab.timing import describe
@@ -94,6 +94,7 @@ def run_one(config: ml_collections.ConfigDict, workdir: str,
   directory, atomically. Returns the rows.
   """
   validate_config(config)
+  config = models.resolve_options(config)
   with stop_requests():
     run_dir = identity.resolve(workdir, config)
     if run_dir != workdir and log:
@@ -174,7 +175,7 @@ def _evaluate(trained: list, configs: list, clock: Stopwatch,
   max_position = (models.randomized_max_position(config)
                   if config.positions.randomized_eval == 'random' else 0)
   rows, timings = [[] for _ in trained], {}
-  digests = [config_hash(c, identity.extensions(d)) for c, d in zip(configs, run_dirs)]
+  digests = [plan.config_hash(c, identity.extensions(d)) for c, d in zip(configs, run_dirs)]
   for label, scaling in evaluation_variants(config):
     start = time.perf_counter()
     # Generation checks the model's cached decoding path, which RoPE
@@ -197,60 +198,17 @@ def _evaluate(trained: list, configs: list, clock: Stopwatch,
   return rows, timings
 
 
-def config_hash(config: ml_collections.ConfigDict, extensions: tuple = ()) -> str:
-  """12 hex digits identifying what a run computes: its trained-model and
-  evaluation fields (`lab.identity`) without the seed, so equal for two seeds
-  of one setup and different when any hyperparameter, the task, the encoding
-  or the evaluation differ; and, for a run trained longer than first planned,
-  its `identity.extensions` (steps and counts, not dates): not the model
-  `config` trains from step 0."""
-  fields = dict(identity.trained_fields(config), **identity.evaluation_fields(config))
-  fields.pop('train.seed', None)
-  if extensions:  # only then: the hash of a run never extended stays as it was
-    fields['extensions'] = [{k: e[k] for k in ('from_step', 'previous_num_steps', 'num_steps')}
-                            for e in extensions]
-  text = json.dumps(fields, sort_keys=True, default=str)
-  return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-def run_configs(config: ml_collections.ConfigDict) -> list[ml_collections.ConfigDict]:
-  """One config per run of the sweep: tasks × (transformer encodings, other
-  model kinds) × seeds; an entry 'SPEC+stick_breaking' also sets
-  model.normalization (`models.study_entry`), the name of a `study.variants`
-  entry applies that variant (`models.apply_variant`)."""
-  runs = []
-  for task in config.study.tasks:
-    for kind in config.study.models:
-      encodings = config.study.encodings if kind == 'transformer' else ('none',)
-      for entry in encodings:
-        for seed in config.study.seeds:
-          c = ml_collections.ConfigDict(config.to_dict())
-          c.task.name, c.model.kind, c.train.seed = task, kind, seed
-          if kind == 'transformer' and entry in models.study_variants(config):
-            models.apply_variant(c, entry)
-          else:
-            c.model.encoding, norm = models.study_entry(entry)
-            if norm:
-              c.model.normalization = norm
-          runs.append(c)
-  return runs
-
-
-def run_directory(workdir: str, config: ml_collections.ConfigDict) -> str:
-  """Where the study keeps one run: `workdir/runs/TASK/LABEL/seedN`."""
-  return os.path.join(workdir, 'runs', config.task.name, run_label(config),
-                      f'seed{config.train.seed}')
-
-
 def run_study(config: ml_collections.ConfigDict, workdir: str,
               log: Callable[[str], None] = print,
               on_trained: Optional[OnTrained] = None) -> list[dict]:
   """The sweep. Writes `results.csv`, `summary.md` and `extrapolation.png`
-  into `workdir` and the runs into `workdir/runs/TASK/LABEL/seedN/` (LABEL:
-  see `run_label`). `on_trained` is passed to every `run_one`.
+  into `workdir` and the runs into `workdir/TASK/LABEL/seedN/` (LABEL: the
+  study entry, `lab.entries`). `on_trained` is called as in `run_one`.
 
-  Every config is validated and every run directory checked against its
-  config (`lab.identity`) before anything is created or trained. A finished
+  The study is planned first (`lab.plan`): every run's config is resolved
+  and validated and every run directory checked against its config
+  (`lab.identity`) before anything is created or trained; then the plan's
+  records are executed. A finished
   run is reused; one evaluated with other evaluation settings is evaluated
   again from its final checkpoint; one trained toward a smaller
   `train.num_steps` is extended (one line each names them) and evaluated
@@ -271,112 +229,101 @@ def run_study(config: ml_collections.ConfigDict, workdir: str,
   outputs written. Returns the rows written to results.csv, or [] when
   this process wrote none.
   """
-  validate_config(config, study=True)
-  runs = run_configs(config)
-  for c in runs:  # every run's config, checked before anything compiles
-    validate_config(c)
+  runs = plan.plan_study(config, workdir)
   index, count = cluster.shard_of(config)
   report_only = config.study.get('report_only', False)
   with stop_requests():
     deadline = time_budget(config)
-    dirs = identity.resolve_all([(run_directory(workdir, c), c) for c in runs])
-    numbered = list(enumerate(zip(runs, dirs), 1))
     fresh, start = {}, time.perf_counter()  # run number -> rows evaluated here
     if report_only:  # refused before anything is written
-      cluster.finished(numbered, fresh, workdir, report_only)
+      cluster.finished(runs, fresh, workdir, report_only)
     os.makedirs(workdir, exist_ok=True)
     tx = shared_optimizer(config.train)  # one object: runs share compilations
-    places = [os.path.relpath(run_directory(workdir, c), workdir) for c in runs]
-    mine = cluster.assigned(config, places, index, count)
+    mine = cluster.assigned(config, runs, index, count)
     if count > 1:
       log(f'shard {index} of {count}: {len(mine)} of the {len(runs)} runs')
-    jobs = []  # (setup's runs still to do), in sweep order
-    for group in _setups(numbered):
-      todo = []
-      for i, (c, run_dir) in group:
-        if i not in mine or report_only:
-          continue
-        if identity.evaluated_rows(run_dir, c) is None:
-          todo.append((i, c, run_dir))
-          grown = identity.extension(run_dir, c)
-          if grown:
-            log(f'[{i}/{len(runs)}] {c.task.name} {run_label(c)} seed {c.train.seed}: trained '
-                f"to step {grown['from_step']} of {grown['previous_num_steps']}; extended to "
-                f"{grown['num_steps']} steps")
-          continue
-        log(f'[{i}/{len(runs)}] {c.task.name} {run_label(c)} seed {c.train.seed}: '
-            'finished earlier, reused')
-      if todo:
-        jobs.append(todo)
+    jobs = [todo for group in plan.setups(runs)
+            if (todo := _to_train(group, mine, report_only, len(runs), log))]
     lock = threading.Lock()  # on_trained may draw (matplotlib is not thread-safe)
     callback = on_trained and (lambda *a: locked(lock, on_trained, *a))
-
-    def run_setup(todo):
-      i, c, _ = todo[0]
-      what = (f'before {c.task.name} {run_label(c)} (runs before it are finished '
-              'or running)')
-      raise_if_stopped(what)
-      if out_of_time(deadline):
-        raise TrainingInterrupted(f'stopped by train.max_minutes={config.train.max_minutes:g} '
-                                  f'{what}; run the same command again to continue.', None,
-                                  TIME_BUDGET)
-      first = f'[{i}/{len(runs)}]'
-      try:
-        with locks.hold_all([d for _, _, d in todo], wait=locks.waits(config),
-                            log=lambda m: log(f'{first} {m}'), should_stop=raise_if_stopped):
-          # The process that held them before may have finished them.
-          todo = [t for t in todo if identity.evaluated_rows(t[2], t[1]) is None]
-          vmapped = config.study.vmap_seeds and len(todo) > 1
-          if vmapped:
-            log(f'{first} training seeds {[c.train.seed for _, c, _ in todo]} of '
-                f'{c.task.name} {run_label(c)} in one program')
-          group_rows = _train_and_evaluate(
-              [c for _, c, _ in todo], [d for _, _, d in todo], tx, callback,
-              lambda m, p=first: log(f'{p} {m}'), vmapped=vmapped, deadline=deadline
-          ) if todo else []
-      except locks.RunLocked as e:
-        log(f'{first} {c.task.name} {run_label(c)}: in training by {e.holder}; left to it')
-        return
-      for (i, c, run_dir), run_rows in zip(todo, group_rows):
-        _log_run(log, f'[{i}/{len(runs)}]', c, run_dir, run_rows, workdir, start)
-        fresh[i] = run_rows
-
-    side_by_side(run_setup, jobs, config.study.get('parallel_setups', 1), combine=combined)
+    side_by_side(functools.partial(_run_setup, config=config, total=len(runs), tx=tx,
+                                   on_trained=callback, log=log, deadline=deadline,
+                                   fresh=fresh, workdir=workdir, start=start),
+                 jobs, config.study.get('parallel_setups', 1), combine=combined)
     # One writer at a time: the last two shards may finish together.
     with locks.hold(workdir, wait=True, should_stop=raise_if_stopped, name='.outputs.lock'):
-      rows, left = cluster.finished(numbered, fresh, workdir, report_only)
+      rows, left = cluster.finished(runs, fresh, workdir, report_only)
       if left:
         log(f'outputs not written yet: {left}; the process that finishes the last one writes '
             'them, or --config.study.report_only=True once they are finished.')
         return []
-      extra, coverage = outputs.other_runs(workdir, config, dirs)
+      extra, coverage = outputs.other_runs(workdir, config, runs)
       rows += extra
       with stage('while writing the study outputs'):
         outputs.write_study_outputs(rows, workdir, config, coverage)
   return rows
 
 
-def _setups(numbered):
-  """Consecutive runs that differ only in their seed (run_configs' order)."""
-  groups = []
-  for item in numbered:
-    _, (c, _) = item
-    key = (c.task.name, c.model.kind, run_label(c))
-    if groups and groups[-1][0] == key:
-      groups[-1][1].append(item)
-    else:
-      groups.append((key, [item]))
-  return [items for _, items in groups]
+def _to_train(group: list, mine: set, report_only: bool, total: int, log) -> list:
+  """The runs of one setup this process trains: those of its shard that
+  are not finished (one line for each run reused or extended)."""
+  todo = []
+  for run in group:
+    if run.number not in mine or report_only:
+      continue
+    if run.rows() is not None:
+      log(f'[{run.number}/{total}] {run}: finished earlier, reused')
+      continue
+    todo.append(run)
+    grown = identity.extension(run.directory, run.config)
+    if grown:
+      log(f"[{run.number}/{total}] {run}: trained to step {grown['from_step']} of "
+          f"{grown['previous_num_steps']}; extended to {grown['num_steps']} steps")
+  return todo
 
 
-def _log_run(log, prefix, c, run_dir, run_rows, workdir, start) -> None:
-  with open(os.path.join(run_dir, 'run.json')) as f:
+def _run_setup(todo: list, *, config, total, tx, on_trained, log, deadline, fresh, workdir,
+               start) -> None:
+  """Trains and evaluates the unfinished runs of one setup (its seeds in one
+  program with study.vmap_seeds), under their locks; their rows go to
+  `fresh` by run number."""
+  first = todo[0]
+  what = f'before {first.task} {first.label} (runs before it are finished or running)'
+  raise_if_stopped(what)
+  if out_of_time(deadline):
+    raise TrainingInterrupted(f'stopped by train.max_minutes={config.train.max_minutes:g} '
+                              f'{what}; run the same command again to continue.', None,
+                              TIME_BUDGET)
+  prefix = f'[{first.number}/{total}]'
+  try:
+    with locks.hold_all([r.directory for r in todo], wait=locks.waits(config),
+                        log=lambda m: log(f'{prefix} {m}'), should_stop=raise_if_stopped):
+      # The process that held them before may have finished them.
+      todo = [r for r in todo if r.rows() is None]
+      vmapped = config.study.vmap_seeds and len(todo) > 1
+      if vmapped:
+        log(f'{prefix} training seeds {[r.seed for r in todo]} of {first.task} {first.label} '
+            'in one program')
+      group_rows = _train_and_evaluate(
+          [r.config for r in todo], [r.directory for r in todo], tx, on_trained,
+          lambda m: log(f'{prefix} {m}'), vmapped=vmapped, deadline=deadline
+      ) if todo else []
+  except locks.RunLocked as e:
+    log(f'{prefix} {first.task} {first.label}: in training by {e.holder}; left to it')
+    return
+  for run, run_rows in zip(todo, group_rows):
+    _log_run(log, f'[{run.number}/{total}]', run, run_rows, workdir, start)
+    fresh[run.number] = run_rows
+
+
+def _log_run(log, prefix, run, run_rows, workdir, start) -> None:
+  with open(os.path.join(run.directory, 'run.json')) as f:
     info = json.load(f)
-  own = [r for r in run_rows if r['encoding'] == run_label(c)]  # not rope+…
+  c = run.config
+  own = [r for r in run_rows if r['encoding'] == run.label]  # not rope+…
   in_range = [r['token_accuracy'] for r in own if r['length'] <= c.task.train_max_length]
-  where = '' if run_dir == run_directory(workdir, c) else f' ({run_dir})'
-  log(f'{prefix} {c.task.name} {run_label(c)} seed {c.train.seed}{where}: '
-      f'{describe(info)}, '
+  where = '' if run.directory == os.path.join(workdir, run.place) else f' ({run.directory})'
+  log(f'{prefix} {run}{where}: {describe(info)}, '
       f'token accuracy in training range {100 * sum(in_range) / len(in_range):.1f}%, '
       f"at {own[-1]['length']}: {100 * own[-1]['token_accuracy']:.1f}% "
       f'({time.perf_counter() - start:.0f}s so far)')

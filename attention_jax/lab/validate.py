@@ -13,14 +13,11 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from attention_jax.attention import DenseBias
-from attention_jax.attention import DifferenceBias
 from attention_jax.attention import IMPLEMENTATIONS
-from attention_jax.attention import LinearBias
 from attention_jax.attention import NORMALIZATIONS
 from attention_jax.attention import Request
-from attention_jax.attention import WindowBias
 from attention_jax.attention import select_implementation
+from attention_jax.attention.scores import as_terms
 from attention_jax.lab import tasks
 from attention_jax.nn.additive import SCORES
 from attention_jax.positional import ENCODINGS
@@ -33,10 +30,8 @@ from attention_jax.lab.models import MODEL_KINDS
 from attention_jax.lab.models import coupled_max_position
 from attention_jax.lab.models import longest_sequence
 from attention_jax.lab.models import randomized_max_position
-from attention_jax.lab.models import STICK_BREAKING_SUFFIX
-from attention_jax.lab.models import apply_variant
-from attention_jax.lab.models import study_entry
-from attention_jax.lab.models import study_variants
+from attention_jax.lab.entries import entry_config
+from attention_jax.lab.entries import variants
 
 
 ON_MISMATCH = ('error', 'retrain')  # study.on_mismatch, see lab/identity.py
@@ -162,11 +157,7 @@ def kernel_refusal(config: ml_collections.ConfigDict, spec: str) -> Optional[str
   # lab's lengths vary per batch, and a kernel that cannot tile one refuses
   # it at that call, naming the length.
   request = Request(t_k=128, t_q=128, causal=True, dtype=jnp.float32,
-                    head_dim=m.d_model // m.num_heads,
-                    dense_bias=bias.origin if isinstance(bias, DenseBias) else None,
-                    linear_bias=isinstance(bias, LinearBias),
-                    difference_bias=isinstance(bias, DifferenceBias),
-                    window_bias=isinstance(bias, WindowBias),
+                    head_dim=m.d_model // m.num_heads, scores=as_terms(bias),
                     normalization=m.get('normalization', 'softmax'))
   try:
     select_implementation(m.attention_implementation, request)
@@ -283,7 +274,6 @@ def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -
   _require(len(entries) >= 1, 'study.encodings is empty; name at least one, e.g. '
            "--config.study.encodings=\"('rope','alibi')\".")
   specs, parsed = [], []
-  variants = study_variants(config) if study else {}
   own = m.get('variant')
   if study and own and any(e != own for e in entries):
     raise ConfigError(
@@ -291,40 +281,32 @@ def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -
         f'configs/copy.py:encoding={own}) makes every run of the sweep start from that '
         f'variant, but study.encodings={tuple(entries)!r} has other entries; sweep them from '
         f'the plain preset: --config=configs/copy.py --config.study.encodings=...')
+  named = sorted(variants(config))
   for entry in entries:
-    if entry in variants:  # checked as its runs' configs (run_study validates each)
-      asked = ml_collections.ConfigDict(config.to_dict())
-      try:
-        apply_variant(asked, entry)
-      except ValueError as e:
-        raise ConfigError(f'invalid config: {e}') from None
-      _require(isinstance(asked.model.encoding, str) and asked.model.encoding not in variants,
-               f'study.variants.{entry}: model.encoding={asked.model.encoding!r} must be an '
-               'encoding spec, not a variant.')
-      continue
-    spec, norm = study_entry(entry) if study else (entry, None)
-    specs.append((spec, norm))
+    key = 'study.encodings' if study else 'model.encoding'
+    try:
+      asked = entry_config(config, entry) if study else config
+    except ValueError as e:
+      text = str(e)
+      if 'is neither an encoding' in text:
+        text = text.rstrip('.') + IMPORTS_HINT + '.'
+      raise ConfigError(f'invalid config: {key}: {text}') from None
+    spec = asked.model.encoding
     try:
       parsed.append(parse_encoding_spec(spec))
     except ValueError as e:
-      key = 'study.encodings' if study else 'model.encoding'
-      suffix = (f" (a study entry may end in '{STICK_BREAKING_SUFFIX}': that encoding with "
-                'model.normalization=stick_breaking)' if study else '')
       text = str(e)
       if spec.partition(':')[0] not in ENCODINGS:
         text = text.rstrip('.') + IMPORTS_HINT + '.'
-      named = sorted(study_variants(config))
       if named:  # a misspelt variant reads like a misspelt encoding
         text += (f' Named variants ({", ".join(named)}) are study entries, or presets: '
                  f'configs/copy.py:encoding={named[0]}.')
-      raise ConfigError(f'invalid config: {key}: {text}{suffix}') from None
+      where = f'{key} entry {entry!r}: ' if study and spec != entry else f'{key}: '
+      raise ConfigError(f'invalid config: {where}{text}') from None
+    specs.append((spec, asked))
   _check_encoding_options(m)
   _check_normalization(m)  # before kernel_refusal, which asks the table about it
-  for spec, norm in specs:
-    asked = config
-    if norm:
-      asked = ml_collections.ConfigDict(config.to_dict())
-      asked.model.normalization = norm
+  for spec, asked in specs:
     refusal = kernel_refusal(asked, spec) or position_refusal(asked, spec, task_names)
     _require(refusal is None, refusal)
   encodings = {name for name, _ in parsed}

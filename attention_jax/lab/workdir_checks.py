@@ -27,7 +27,7 @@ def check_workdir(path: str) -> None:
   """
   if not path.strip():
     raise ConfigError(f'--workdir={path!r} is empty; name the folder to write into, '
-                      'e.g. --workdir=runs/copy.')
+                      'e.g. --workdir=runs/study.')
   if os.path.exists(path) and not os.path.isdir(path):
     raise ConfigError(f'--workdir={path!r} is a file; it must be a folder (or not exist yet).')
   existing = os.path.abspath(path)

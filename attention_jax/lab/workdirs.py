@@ -4,8 +4,9 @@
 Two kinds of workdir exist:
 
 * a study (`experiments.length_extrapolation`): `results.csv`, `summary.md`
-  and `runs/TASK/LABEL/seedN/`, each run as below (an interrupted sweep may
-  have the runs only);
+  and `TASK/LABEL/seedN/` (`runs/TASK/LABEL/seedN/` in the older layout,
+  still read here), each run as below (an interrupted sweep may have the
+  runs only);
 * one run (`experiments.train`): `config.json`, `metrics.jsonl`, and once
   evaluated `results.csv` and `run.json`, at its top.
 
@@ -14,7 +15,6 @@ it and what was expected, raised before any tool creates its output folder.
 """
 
 import dataclasses
-import glob
 import json
 import os
 from typing import Callable, Optional, Sequence
@@ -24,10 +24,11 @@ import ml_collections
 from attention_jax.lab import identity
 from attention_jax.lab import plots
 from attention_jax.lab import results
-from attention_jax.lab.study import run_label
+from attention_jax.lab import plan
+from attention_jax.lab.entries import run_label
 from attention_jax.lab.validate import ConfigError
 
-EXPECTED = ('a study workdir (results.csv or runs/TASK/LABEL/seedN/, from '
+EXPECTED = ('a study workdir (results.csv or TASK/LABEL/seedN/, from '
             'experiments.length_extrapolation) or a run workdir (config.json and '
             'metrics.jsonl, from experiments.train)')
 COMPARISON = 'comparison.md'
@@ -50,13 +51,19 @@ def kind(path: str) -> str:
   """'study' or 'run' (see the module docstring); a `ConfigError` otherwise."""
   if not os.path.isdir(path):
     raise ConfigError(f'--workdir={path}: no such folder; expected {EXPECTED}.')
-  if os.path.isdir(os.path.join(path, 'runs')) or (
+  if run_files(path, 'config.json') or (
       os.path.exists(os.path.join(path, 'results.csv'))
       and not os.path.exists(os.path.join(path, 'config.json'))):
     return 'study'
   if os.path.exists(os.path.join(path, 'config.json')):
     return 'run'
   raise ConfigError(f'--workdir={path} holds neither; expected {EXPECTED}.')
+
+
+def run_files(workdir: str, filename: str) -> list[str]:
+  """`filename` of every run of a study workdir, in either layout."""
+  return plan.run_directories(workdir, filename) + plan.run_directories(
+      os.path.join(workdir, 'runs'), filename)
 
 
 def metric_rows(path: str) -> list[dict]:
@@ -80,7 +87,7 @@ def study_rows(workdir: str) -> list[dict]:
   if os.path.exists(path):
     return _read_rows(path)
   rows = []
-  for path in sorted(glob.glob(os.path.join(workdir, 'runs', '*', '*', 'seed*', 'results.csv'))):
+  for path in run_files(workdir, 'results.csv'):
     _, _, retrain = os.path.basename(os.path.dirname(path)).partition('-')
     suffix = f' (retrain {retrain})' if retrain else ''
     rows += [dict(r, encoding=r['encoding'] + suffix) for r in _read_rows(path)]
@@ -119,11 +126,10 @@ def read(path: str) -> Workdir:
   else:
     rows = study_rows(path)
     curves = {}
-    pattern = os.path.join(path, 'runs', '*', '*', 'seed*', 'metrics.jsonl')
-    for metrics in sorted(glob.glob(pattern)):
+    for metrics in run_files(path, 'metrics.jsonl'):
       task, label, seed = metrics.split(os.sep)[-4:-1]
       curves[f'{task}/{label}/{seed}'] = metric_rows(metrics)
-    run_dirs = glob.glob(os.path.join(path, 'runs', '*', '*', 'seed*'))
+    run_dirs = [os.path.dirname(p) for p in run_files(path, 'config.json')]
     configs = [c for c in map(identity.read_config, [path] + run_dirs) if c is not None]
   if not rows and not curves:
     raise ConfigError(f'--workdir={path} holds no results.csv or metrics.jsonl yet; expected '

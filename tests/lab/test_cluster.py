@@ -48,14 +48,14 @@ def tearDownModule():
 
 
 def _study():
-  c = copy_config.get_config('size=tiny')
+  c = copy_config.get_config('scale=tiny')
   c.study.encodings, c.study.parallel_setups = ('none', 'alibi'), 1
   c.eval.update(generate=False, lengths=(2, 6))
   return c
 
 
 def _run_config(**train_overrides):
-  c = copy_config.get_config('size=tiny,encoding=none')
+  c = copy_config.get_config('scale=tiny,encoding=none')
   c.eval.update(generate=False, lengths=(2, 6))
   c.train.update(**train_overrides)
   return c
@@ -85,7 +85,7 @@ def _held_by_another(directory, holder='host elsewhere pid 4242 since 2000-01-01
 
 def _start(module, workdir, *flags, env=None):
   return subprocess.Popen(
-      [sys.executable, '-m', module, '--config=configs/copy.py:size=tiny',
+      [sys.executable, '-m', module, '--config=configs/copy.py:scale=tiny',
        f'--workdir={workdir}', *flags], cwd=ROOT, stdout=subprocess.PIPE,
       stderr=subprocess.STDOUT, text=True, env=dict(os.environ, **_CACHE_ENV, **(env or {})))
 
@@ -259,7 +259,7 @@ class ProcessTest(absltest.TestCase):
                      _sorted_rows(os.path.join(alone, 'results.csv')))
     empty = tempfile.mkdtemp()
     with self.assertRaisesRegex(ConfigError, r'^study.report_only: 2 of the 2 runs are not '
-                                r'finished \(first: runs/copy/none/seed0\)'):
+                                r'finished \(first: copy/none/seed0\)'):
       run_study(c, empty, log=lambda _: None)
     self.assertEqual(os.listdir(empty), [])  # refused before anything is written
 

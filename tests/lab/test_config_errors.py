@@ -29,7 +29,7 @@ from attention_jax.lab.validate import validate_config
 from configs import copy as copy_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-TINY = '--config=configs/copy.py:size=tiny'
+TINY = '--config=configs/copy.py:scale=tiny'
 
 
 def _exit_line(run):
@@ -78,10 +78,14 @@ class ParseFlagsTest(parameterized.TestCase):
        r"\(invalid literal for int\(\) with base 10: 'abc'\)\.$"),
       ('int_given_float', ('--config.train.num_steps=2.5',),
        r"num_steps=2.5: train.num_steps takes int values .*'2.5'"),
-      ('preset_typo', ('--config=configs/copy.py:size=tny',),
-       r"^error: --config=configs/copy.py:size=tny: size='tny': choose cpu, paper, tiny"),
-      ('preset_typo_with_override', ('--config=configs/copy.py:size=tny',
-                                     '--config.train.seed=1'), r"size='tny': choose cpu"),
+      ('preset_typo', ('--config=configs/copy.py:scale=tny',),
+       r"^error: --config=configs/copy.py:scale=tny: scale='tny': choose cpu, paper, tiny"),
+      ('preset_typo_with_override', ('--config=configs/copy.py:scale=tny',
+                                     '--config.train.seed=1'), r"scale='tny': choose cpu"),
+      ('study_preset_typo', ('--config=configs/copy.py:study=fronteir',),
+       r"study='fronteir': choose default, extended, frontier, all, generalize"),
+      ('the_older_size_preset', ('--config=configs/copy.py:size=tiny',),
+       r"size= is now scale= \(cpu, paper, tiny\) or study= \(generalize, all, frontier\)"),
       ('unknown_flag', ('--wokdir=x',), r"^error: Unknown command line flag 'wokdir'"),
       ('whole_group_of_an_unlisted_encoding', (TINY, '--config.model.encoding_options.rope={}'),
        r"'rope' has no options in the config yet; set them one at a time, "
@@ -99,10 +103,9 @@ class ParseFlagsTest(parameterized.TestCase):
     self.assertEqual(rest, ['prog', 'extra'])
     options = flag_values['config'].value.model.encoding_options
     self.assertEqual(options.rope.to_dict(), {'base': 500})  # a group of its own
-    self.assertEqual(options.hard_alibi.to_dict(), {'widths': (1, 2), 'offsets': (),
-                                                     'num_windowed_heads': 2})
-    self.assertEqual(options.t5.to_dict(), {'num_buckets': 8, 'max_distance': 128})
-    self.assertEqual(options.fire.mlp_width, 32)  # the other encodings keep their defaults
+    self.assertEqual(options.hard_alibi.to_dict(), {'widths': (1, 2), 'num_windowed_heads': 2})
+    self.assertEqual(options.t5.to_dict(), {'num_buckets': 8})  # the rest: build's defaults
+    self.assertEqual(options.windowed_rope.window, 2)  # the other encodings keep theirs
     self.assertTrue(options.is_locked)
     c = flag_values['config'].value
     c.model.encoding = 'rope'
@@ -148,7 +151,7 @@ class ParseFlagsTest(parameterized.TestCase):
   def test_workdir_that_cannot_be_made(self):
     self.assertEqual(_exit_line(lambda: _parse(TINY, '--workdir=')),
                      "error: --workdir='' is empty; name the folder to write into, e.g. "
-                     '--workdir=runs/copy.')
+                     '--workdir=runs/study.')
     # A virtual filesystem passes root's permission check but makes no folder.
     self.assertRegex(_exit_line(lambda: _parse(TINY, '--workdir=/proc/no_such/run')),
                      r"^error: --workdir='/proc/no_such/run' cannot be written \(.+, under "
@@ -186,7 +189,7 @@ class ParseFlagsTest(parameterized.TestCase):
 
 
 def _config(**overrides):
-  c = copy_config.get_config('size=tiny')
+  c = copy_config.get_config('scale=tiny')
   for key, value in overrides.items():  # section__field=value, or field=value
     section, _, field = key.rpartition('__')
     (c[section] if section else c)[field] = value
@@ -200,10 +203,10 @@ class ValidateTest(parameterized.TestCase):
       ('no_tasks', dict(study__tasks=()), 'study.tasks is empty'),
       ('no_models', dict(study__models=()), 'study.models is empty'),
       ('unknown_encoding', dict(study__encodings=('myenc',)),
-       r"bad encoding 'myenc'.*\['alibi', .*'xpos'\]; your own encoding: register it with "
+       r"study entry 'myenc': 'myenc' is neither an encoding \(alibi, .*, xpos\) nor a variant "
+       r'\(mta_lookup, ngram_lookup\); your own encoding: register it with '
        r'attention_jax.register_encoding in a module and name that module in '
-       r'--config.imports=my_module\. Named variants \(mta_lookup, ngram_lookup\) are study '
-       r'entries, or presets: configs/copy.py:encoding=mta_lookup\. \(a study entry'),
+       r'--config.imports=my_module\.$'),
       ('unknown_options_group', dict(model__encoding_options={'myenc': {'x': 1}}),
        r"model.encoding_options has 'myenc'; allowed: .*--config.imports=my_module\.$"),
   )

@@ -7,8 +7,8 @@ import numpy as np
 from absl.testing import absltest
 
 from attention_jax.lab.diagnose import run_diagnostics
-from attention_jax.lab.study import run_configs
-from attention_jax.lab.study import run_directory
+from attention_jax.lab.plan import run_configs
+from attention_jax.lab.plan import place
 from attention_jax.lab.train import train
 from attention_jax.lab.evaluate import attention_entropy
 from configs import copy as copy_config
@@ -27,11 +27,11 @@ class EntropyTest(absltest.TestCase):
 class DiagnosticsTest(absltest.TestCase):
 
   def test_tiny_study_figures(self):
-    c = copy_config.get_config('size=tiny')
+    c = copy_config.get_config('scale=tiny')
     c.study.encodings = ('alibi', 'rope:randomized')
     workdir = tempfile.mkdtemp()
     for run in run_configs(c):  # the study's models (diagnostics never train)
-      train(run, run_directory(workdir, run), progress=False)
+      train(run, os.path.join(workdir, place(run)), progress=False)
     curves = run_diagnostics(c, workdir, num_examples=4, log=lambda _: None)
     self.assertEqual(list(curves), ['alibi', 'rope:randomized'])
     self.assertEqual(curves['alibi'].shape, (2 * 8 + 2,))  # tokens read at 4 × L_train = 8

@@ -17,8 +17,8 @@ from flax import nnx
 
 from attention_jax.lab import models
 from attention_jax.lab import train
-from attention_jax.lab.study import config_hash
-from attention_jax.lab.study import run_configs
+from attention_jax.lab.plan import config_hash
+from attention_jax.lab.plan import run_configs
 from attention_jax.lab.study import run_study
 from attention_jax.lab.train.checkpoint import Checkpointer
 from attention_jax.lab.train.interrupt import TrainingInterrupted
@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _config(**train_overrides):
-  c = copy_config.get_config('size=tiny,encoding=alibi')
+  c = copy_config.get_config('scale=tiny,encoding=alibi')
   c.train.update(**dict(dict(num_steps=12, checkpoint_every=4, log_every=3), **train_overrides))
   return c
 
@@ -132,7 +132,7 @@ class ProcessTest(absltest.TestCase):
   def test_sigterm_saves_a_checkpoint_and_exits_cleanly(self):
     workdir = tempfile.mkdtemp()
     proc = subprocess.Popen(
-        [sys.executable, '-m', 'experiments.train', '--config=configs/copy.py:size=tiny',
+        [sys.executable, '-m', 'experiments.train', '--config=configs/copy.py:scale=tiny',
          '--config.train.num_steps=1000000', '--config.train.log_every=20',
          f'--workdir={workdir}'], cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.PIPE,
         text=True)
@@ -160,7 +160,7 @@ class ProcessTest(absltest.TestCase):
         from attention_jax.lab.validate import validate_config
         from configs import copy as cc
         assert jax.device_count() == 4, jax.devices()
-        c = cc.get_config('size=tiny,encoding=rope')
+        c = cc.get_config('scale=tiny,encoding=rope')
         c.train.batch_size = 8
         results = []
         for devices in (jax.devices()[:1], jax.devices()):
@@ -195,7 +195,7 @@ class ProcessTest(absltest.TestCase):
     self.assertIn('train.batch_size=6 is not divisible by the 4 devices', out.stdout)
 
   def test_wrong_type_is_named(self):
-    out = _run(['-m', 'experiments.train', '--config=configs/copy.py:size=tiny',
+    out = _run(['-m', 'experiments.train', '--config=configs/copy.py:scale=tiny',
                 '--config.train.batch_size=abc', f'--workdir={tempfile.mkdtemp()}'])
     self.assertNotEqual(out.returncode, 0)
     self.assertIn('--config.train.batch_size=abc', out.stderr)
@@ -203,7 +203,7 @@ class ProcessTest(absltest.TestCase):
   def test_plot_redraws_and_combines_workdirs(self):
     workdirs = []
     for encoding in ('rope', 'none'):
-      c = copy_config.get_config(f'size=tiny,encoding={encoding}')
+      c = copy_config.get_config(f'scale=tiny,encoding={encoding}')
       workdirs.append(tempfile.mkdtemp())
       run_study(c, workdirs[-1], log=lambda _: None)
     out_dir = tempfile.mkdtemp()
@@ -218,7 +218,7 @@ class ProcessTest(absltest.TestCase):
     from experiments import plot
     workdir = tempfile.mkdtemp()
     for seed_dir, accuracy in (('seed0', 0.25), ('seed0-2', 0.75), ('seed1', 0.5)):
-      run_dir = os.path.join(workdir, 'runs', 'copy', 'rope', seed_dir)
+      run_dir = os.path.join(workdir, 'copy', 'rope', seed_dir)
       os.makedirs(run_dir)
       row = dict(task='copy', encoding='rope', seed=int(seed_dir[4]), length=8,
                  token_accuracy=accuracy, exact_match=accuracy, generated_exact_match='',
@@ -232,7 +232,7 @@ class ProcessTest(absltest.TestCase):
     self.assertEqual(by_label, {'rope': [0.25, 0.5], 'rope (retrain 2)': [0.75]})
 
   def test_unknown_config_key_is_named(self):
-    out = _run(['-m', 'experiments.train', '--config=configs/copy.py:size=tiny',
+    out = _run(['-m', 'experiments.train', '--config=configs/copy.py:scale=tiny',
                 '--config.train.batchsize=4', f'--workdir={tempfile.mkdtemp()}'])
     self.assertNotEqual(out.returncode, 0)
     self.assertIn('batchsize', out.stderr)

@@ -25,7 +25,7 @@ SEEDS = (0, 1, 2)
 def _configs(**train_overrides):
   out = []
   for seed in SEEDS:
-    c = copy_config.get_config('size=tiny,encoding=alibi')
+    c = copy_config.get_config('scale=tiny,encoding=alibi')
     c.train.update(num_steps=100, steps_per_call=10, log_every=50, checkpoint_every=50,
                    warmup_steps=10, **train_overrides)
     c.train.seed = seed
@@ -77,7 +77,7 @@ class VmappedSeedsTest(absltest.TestCase):
     `study.parallel_setups` 2 and 1: the same rows, bit for bit."""
     rows = {}
     for vmapped, parallel in ((True, 2), (True, 1), (False, 1)):
-      c = copy_config.get_config('size=tiny')
+      c = copy_config.get_config('scale=tiny')
       c.study.encodings = ('alibi', 'rope')
       c.study.seeds, c.study.vmap_seeds, c.study.parallel_setups = (0, 1), vmapped, parallel
       c.eval.update(max_length=4, generate=False)  # one bucket, one program: fewer compiles
@@ -103,7 +103,7 @@ class VmappedSeedsTest(absltest.TestCase):
         assert jax.device_count() == 4
         configs = []
         for seed in range(4):
-          c = cc.get_config('size=tiny,encoding=alibi')
+          c = cc.get_config('scale=tiny,encoding=alibi')
           c.train.update(num_steps=20, steps_per_call=10, log_every=10, seed=seed, batch_size=8)
           configs.append(c)
         vm = train.train_seeds(configs, [None] * 4, progress=False)

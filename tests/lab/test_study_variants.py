@@ -8,9 +8,9 @@ import chex
 from absl.testing import absltest
 
 from attention_jax.lab import models
-from attention_jax.lab.study import run_configs
-from attention_jax.lab.study import run_directory
-from attention_jax.lab.study import run_label
+from attention_jax.lab.plan import place
+from attention_jax.lab.plan import run_configs
+from attention_jax.lab.entries import run_label
 from attention_jax.lab.study import run_study
 from attention_jax.lab.validate import ConfigError
 from attention_jax.lab.validate import validate_config
@@ -18,7 +18,7 @@ from configs import copy as copy_config
 
 
 def _tiny_with_variant(**variant_model):
-  c = copy_config.get_config('size=tiny')
+  c = copy_config.get_config('scale=tiny')
   c.study.encodings = ('alibi', 'wide')
   c.study.variants.wide = dict(model=dict(encoding='hard_alibi', num_heads=4, **variant_model),
                                train=dict(num_steps=4))
@@ -38,7 +38,7 @@ class StudyVariantsTest(chex.TestCase):
     self.assertEqual((run_label(variant), variant.model.encoding, variant.model.num_heads,
                       variant.train.num_steps), ('wide', 'hard_alibi', 4, 4))
     self.assertEqual(tuple(variant.model.encoding_options.hard_alibi.offsets), (1, 2))
-    self.assertTrue(run_directory('w', variant).endswith(os.path.join('copy', 'wide', 'seed0')))
+    self.assertEqual(place(variant), os.path.join('copy', 'wide', 'seed0'))
     # The variant's model is what its runs build.
     model = models.build_model(variant, 0)
     self.assertEqual(model.blocks[0].attention.positional.offsets, (1, 2))
@@ -61,7 +61,7 @@ class StudyVariantsTest(chex.TestCase):
     default = copy_config.get_config()
     self.assertIn('mta_lookup', default.study.encodings)
     run = next(r for r in run_configs(default) if run_label(r) == 'mta_lookup')
-    one = copy_config.get_config('encoding=mta_lookup')
+    one = models.resolve_options(copy_config.get_config('encoding=mta_lookup'))
     self.assertEqual(run.model.to_dict(), one.model.to_dict())  # the same model either way
     self.assertEqual(run.train.to_dict(), one.train.to_dict())
     self.assertEqual((run.model.encoding_options.mta.pad_key, run.model.num_layers), ('left', 1))

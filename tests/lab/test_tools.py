@@ -34,7 +34,7 @@ _RESUMED = ''  # stdout of the run's resumption, progress bar off
 
 
 def _tiny(encoding, **task):
-  c = copy_config.get_config(f'size=tiny,encoding={encoding}')
+  c = copy_config.get_config(f'scale=tiny,encoding={encoding}')
   c.eval.generate = False  # generation has its own tests; here it only costs time
   c.task.update(**task)
   return c
@@ -179,11 +179,11 @@ class RerunTest(absltest.TestCase):
     seeds = [_tiny('alibi'), _tiny('alibi')]
     seeds[1].train.seed = 1
     self.assertEqual(run_name(seeds), 'copy/alibi seeds 0,1')
-    self.assertEqual(run_name([_tiny('rope+stick_breaking')]), 'copy/rope+stick_breaking seed0')
+    self.assertEqual(run_name([_tiny('rope:stick_breaking')]), 'copy/rope:stick_breaking seed0')
 
   def test_a_finished_run_is_read_back_not_evaluated_again(self):
     before = _mtimes(RUN)
-    out = _process('experiments.train', '--config=configs/copy.py:size=tiny,encoding=rope',
+    out = _process('experiments.train', '--config=configs/copy.py:scale=tiny,encoding=rope',
                    '--config.task.train_max_length=3', '--config.eval.generate=False',
                    f'--workdir={RUN}')
     self.assertEqual(out.returncode, 0, out.stderr[-2000:])

@@ -25,7 +25,7 @@ from flax import nnx
 
 from attention_jax.lab import identity
 from attention_jax.lab import train
-from attention_jax.lab.study import config_hash
+from attention_jax.lab.plan import config_hash
 from attention_jax.lab.study import run_one
 from attention_jax.lab.study import run_study
 from attention_jax.lab.study import shared_optimizer
@@ -41,7 +41,7 @@ N = 5  # the tiny preset's num_steps
 
 
 def _config(**overrides):
-  c = copy_config.get_config('size=tiny,encoding=none')
+  c = copy_config.get_config('scale=tiny,encoding=none')
   c.eval.update(generate=False, lengths=(2, 4))
   c.study.vmap_seeds = False
   for key, value in overrides.items():  # section__field=value
@@ -67,7 +67,7 @@ def _copy(workdir) -> str:
 
 
 def _run0(workdir):
-  return os.path.join(workdir, 'runs', 'copy', 'none', 'seed0')
+  return os.path.join(workdir, 'copy', 'none', 'seed0')
 
 
 def _read(path):
@@ -176,7 +176,7 @@ class ExtensionTest(absltest.TestCase):
   def test_experiments_train_extends_a_run(self):
     run0 = _run0(_copy(_BASE))
     out = subprocess.run(
-        [sys.executable, '-m', 'experiments.train', '--config=configs/copy.py:size=tiny,'
+        [sys.executable, '-m', 'experiments.train', '--config=configs/copy.py:scale=tiny,'
          'encoding=none', '--config.eval.generate=False', '--config.eval.lengths=(2,4)',
          f'--config.train.num_steps={2 * N}', f'--workdir={run0}'],
         cwd=ROOT, capture_output=True, text=True, timeout=300,

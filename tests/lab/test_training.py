@@ -31,7 +31,7 @@ from configs import copy as copy_config
 
 
 def _tiny(**overrides):
-  c = copy_config.get_config('size=tiny')
+  c = copy_config.get_config('scale=tiny')
   for key, value in overrides.items():
     section, name = key.split('.')
     c[section][name] = value
@@ -41,7 +41,7 @@ def _tiny(**overrides):
 class LearningTest(absltest.TestCase):
 
   def test_learns_copy_in_distribution(self):
-    c = copy_config.get_config('size=tiny,encoding=rope')
+    c = copy_config.get_config('scale=tiny,encoding=rope')
     c.model.update(d_model=32, num_heads=2, num_layers=2, mlp_dim=64)
     c.task.update(vocab_size=8, train_max_length=4)
     c.train.update(batch_size=32, num_steps=400, learning_rate=3e-3, warmup_steps=40,
@@ -174,7 +174,7 @@ class StudyTest(absltest.TestCase):
     self.assertLen({r['config_hash'] for r in table}, 2)  # one per encoding
     self.assertEqual(len(table), 2 * 7)  # two encodings, lengths 1…4, 5, 6, 8
     # Where the seconds went, compile time apart, each part of its stage.
-    with open(os.path.join(workdir, 'runs/copy/rope/seed0/run.json')) as f:
+    with open(os.path.join(workdir, 'copy/rope/seed0/run.json')) as f:
       times = json.load(f)['time_breakdown']
     self.assertEqual(set(times), {'train', 'train_compile', 'evaluation', 'evaluation_compile',
                                   'generation', 'generation_compile'})
@@ -182,7 +182,7 @@ class StudyTest(absltest.TestCase):
       self.assertBetween(times[f'{stage}_compile'], 0, times[stage])
     summary = open(os.path.join(workdir, 'summary.md')).read()
     self.assertIn('| rope | 1 |', summary)
-    with open(os.path.join(workdir, 'runs/copy/rope/seed0/metrics.jsonl')) as f:
+    with open(os.path.join(workdir, 'copy/rope/seed0/metrics.jsonl')) as f:
       steps = [json.loads(line)['step'] for line in f]
     self.assertEqual(steps, list(range(c.train.num_steps)))
     # Finished runs are reused, not retrained.
@@ -199,7 +199,7 @@ class StudyTest(absltest.TestCase):
     rows = run_study(c, workdir, log=lambda _: None)
     self.assertEqual(sorted({r['encoding'] for r in rows}), ['seq2seq', 'seq2seq_attention'])
     self.assertTrue(os.path.exists(
-        os.path.join(workdir, 'runs/copy/seq2seq_attention/seed0/results.csv')))
+        os.path.join(workdir, 'copy/seq2seq_attention/seed0/results.csv')))
 
 
 class ConfigValidationTest(parameterized.TestCase):
@@ -234,7 +234,8 @@ class ConfigValidationTest(parameterized.TestCase):
   def test_study_checks_every_encoding_before_training(self):
     c = _tiny()
     c.study.encodings = ('rope', 'rope:shuffled')
-    with self.assertRaisesRegex(ValueError, r"study.encodings: bad encoding 'rope:shuffled'"):
+    with self.assertRaisesRegex(ValueError, r"study.encodings: study entry 'rope:shuffled': no "
+                                            r"part 'shuffled'"):
       run_study(c, tempfile.mkdtemp(), log=lambda _: None)
 
   def test_bad_preset(self):

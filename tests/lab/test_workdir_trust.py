@@ -36,13 +36,13 @@ from configs import copy as copy_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # The study's settings, as flags for the entry points and as a config here.
-FLAGS = ('--config=configs/copy.py:size=tiny,encoding=none', '--config.eval.generate=False',
+FLAGS = ('--config=configs/copy.py:scale=tiny,encoding=none', '--config.eval.generate=False',
          '--config.eval.lengths=(2,4)', '--config.study.seeds=(0,1)',
          '--config.train.checkpoint_every=2', '--config.train.checkpoint_keep=3')
 
 
 def _config(**overrides):
-  c = copy_config.get_config('size=tiny,encoding=none')
+  c = copy_config.get_config('scale=tiny,encoding=none')
   c.eval.update(generate=False, lengths=(2, 4))
   c.study.seeds = (0, 1)
   # Runs compared bit for bit with single-run resumes (run_one) are trained
@@ -68,7 +68,7 @@ def _copy() -> str:
 
 
 def _run0(workdir):
-  return os.path.join(workdir, 'runs', 'copy', 'none', 'seed0')
+  return os.path.join(workdir, 'copy', 'none', 'seed0')
 
 
 def _read(path):
@@ -111,7 +111,7 @@ class WorkdirIdentityTest(absltest.TestCase):
     self.assertIn('(1 more runs differ as well)', message)
     self.assertIn('--config.study.on_mismatch=retrain', message)
     self.assertNotIn('\n', message)
-    self.assertFalse(os.path.exists(os.path.join(workdir, 'runs/copy/none/seed2')))
+    self.assertFalse(os.path.exists(os.path.join(workdir, 'copy/none/seed2')))
     self.assertEqual(_read(os.path.join(workdir, 'results.csv')), before)
 
   def test_unfinished_run_refuses_a_changed_hyperparameter_or_shape(self):
@@ -138,7 +138,7 @@ class WorkdirIdentityTest(absltest.TestCase):
     self.assertLen({r['config_hash'] for r in table}, 1)
     summary = _read(os.path.join(workdir, 'summary.md'))
     self.assertIn('cover 1 runs', summary)
-    self.assertIn('runs/copy/none/seed0 (trained with other train.learning_rate)', summary)
+    self.assertIn('copy/none/seed0 (trained with other train.learning_rate)', summary)
     # Back to the first config: its runs again, the retrained one left out.
     messages = []
     run_study(_config(study__seeds=(0,)), workdir, log=messages.append)
@@ -147,8 +147,8 @@ class WorkdirIdentityTest(absltest.TestCase):
     self.assertEqual({r['seed'] for r in table}, {'0', '1'})  # seed 1: an earlier sweep's
     self.assertEqual(table, _table(os.path.join(_BASE, 'results.csv')))
     summary = _read(os.path.join(workdir, 'summary.md'))
-    self.assertIn('runs/copy/none/seed1', summary)
-    self.assertIn('runs/copy/none/seed0-2 (trained with other train.learning_rate)', summary)
+    self.assertIn('copy/none/seed1', summary)
+    self.assertIn('copy/none/seed0-2 (trained with other train.learning_rate)', summary)
 
   def test_evaluation_change_evaluates_the_stored_models_again(self):
     workdir = _copy()
@@ -191,7 +191,7 @@ class WorkdirIdentityTest(absltest.TestCase):
     self.assertEqual(_checkpoints(seed0), checkpoints)
     with self.assertRaisesRegex(ConfigError, 'seed7 holds no trained run'):
       run_diagnostics(_config(study__seeds=(7,)), workdir, log=lambda _: None)
-    self.assertFalse(os.path.exists(os.path.join(workdir, 'runs/copy/none/seed7')))
+    self.assertFalse(os.path.exists(os.path.join(workdir, 'copy/none/seed7')))
     with self.assertRaisesRegex(identity.RunMismatch, 'train.learning_rate=0.003'):
       run_diagnostics(_config(train__learning_rate=1e-3), workdir, log=lambda _: None)
     shutil.rmtree(os.path.join(seed0, 'checkpoints', '5'))
@@ -365,7 +365,7 @@ class ConfigErrorTest(parameterized.TestCase):
         ('experiments.length_extrapolation', '--config.model.attention_implementation=chunked',
          "error: invalid config: model.attention_implementation='chunked' with 't5'")):
       workdir = os.path.join(tempfile.mkdtemp(), 'new')
-      out = _process(['-m', module, '--config=configs/copy.py:size=tiny,encoding=t5', flag,
+      out = _process(['-m', module, '--config=configs/copy.py:scale=tiny,encoding=t5', flag,
                       f'--workdir={workdir}'])
       self.assertEqual(out.returncode, 2, out.stderr[-3000:])
       lines = out.stderr.strip().splitlines()
@@ -379,7 +379,7 @@ class ConfigErrorTest(parameterized.TestCase):
         from attention_jax.lab.runtime import entry_point
         from attention_jax.positional import learned_lookup
         from configs import copy
-        with entry_point(copy.get_config('size=tiny')):
+        with entry_point(copy.get_config('scale=tiny')):
           table = jnp.zeros((4, 2))
           jax.block_until_ready(jax.jit(lambda p: learned_lookup(table, p))(jnp.arange(8)))
         ''')

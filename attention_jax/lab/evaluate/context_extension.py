@@ -12,6 +12,7 @@ from typing import Iterator, Optional
 import ml_collections
 from flax import nnx
 
+from attention_jax.lab import entries
 from attention_jax.lab import models
 from attention_jax.lab import tasks
 from attention_jax.positional.rope import RoPE
@@ -50,7 +51,7 @@ def evaluation_variants(config: ml_collections.ConfigDict) -> list[tuple[str, Op
   trained, then, for plain 'rope' models, each of `config.eval.rope_scalings`
   (label 'rope+METHOD'), with factor `config.eval.rope_scale_factor` (0: longest
   evaluated / longest training sequence) and L the longest training sequence."""
-  variants = [(models.run_label(config), None)]
+  variants = [(entries.run_label(config), None)]
   if config.model.kind == 'transformer' and config.model.encoding == 'rope':
     train_tokens = tasks.tokens_read(tasks.get_task(config.task.name),
                                      config.task.train_max_length)

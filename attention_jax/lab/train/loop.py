@@ -26,6 +26,7 @@ from jax.sharding import PartitionSpec as P
 
 from attention_jax.lab import identity
 from attention_jax.lab import locks
+from attention_jax.lab import entries
 from attention_jax.lab import models
 from attention_jax.lab.train.checkpoint import Checkpointer
 from attention_jax.lab.train.interrupt import TIME_BUDGET
@@ -203,7 +204,7 @@ def run_name(configs: list[ml_collections.ConfigDict]) -> str:
   config (not its folder): 'TASK/LABEL seedN', or 'seeds 0,1,2' for the
   stacked seeds of one setup; LABEL as in results.csv's encoding column."""
   c = configs[0]
-  label = models.run_label(c)
+  label = entries.run_label(c)
   seeds = ','.join(str(x.train.seed) for x in configs)
   return f"{c.task.name}/{label} seed{'s ' if len(configs) > 1 else ''}{seeds}"
 
