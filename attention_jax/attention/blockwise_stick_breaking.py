@@ -220,8 +220,8 @@ def chunked_stick_breaking(
     q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, *,
     kv_lengths: Optional[jnp.ndarray] = None, alibi_slopes: Optional[jnp.ndarray] = None,
     difference: Optional[tuple[jnp.ndarray, jnp.ndarray]] = None,
-    window: Optional[int] = None, attend_current: bool = False, q_chunk: int = 128,
-    k_chunk: int = 128) -> jnp.ndarray:
+    window: Optional[int] = None, attend_current: bool = False, remainder: str = 'value',
+    q_chunk: int = 128, k_chunk: int = 128) -> jnp.ndarray:
   """Causal stick-breaking attention without a T × T matrix (module docstring).
 
   Args:
@@ -235,6 +235,8 @@ def chunked_stick_breaking(
     window: optional int >= 1: only keys with |i - j| < window are visible.
     attend_current: whether key i is among query i's keys (official default
       False).
+    remainder: 'value' adds r_i v_i; 'head_bias' adds nothing (the module
+      adds r_i b_h; `StickBreaking`).
     q_chunk, k_chunk: block sizes (clipped to T; need not divide it).
 
   Returns:
@@ -272,7 +274,9 @@ def chunked_stick_breaking(
     qv, kv = pad_to(qv, 1, q_chunk), pad_to(kv, 1, k_chunk)
   options = (('q_chunk', q_chunk), ('k_chunk', k_chunk), ('t', t), ('window', window),
              ('attend_current', bool(attend_current)))
+  # No remainder term: a zero own value (the forward and backward hold for any v_own).
+  v_own = pad_to(v_r if remainder == 'value' else jnp.zeros_like(v_r), 1, q_chunk)
   out = _rows(pad_to(q_r, 1, q_chunk), pad_to(k_r, 1, k_chunk), pad_to(v_r, 1, k_chunk),
-              pad_to(v_r, 1, q_chunk), kv_len, slopes, qv, kv, options)
+              v_own, kv_len, slopes, qv, kv, options)
   out = out[:, :t].reshape(b, h, t, -1)
   return jnp.transpose(out, (0, 2, 1, 3)).astype(v.dtype)

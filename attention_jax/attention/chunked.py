@@ -213,7 +213,8 @@ def chunked_kernel(q, k, v, *, mask, bias, slopes, causal, window, kv_lengths,
   if normalization is not None:
     out = chunked_stick_breaking(
         q, k, v, kv_lengths=kv_lengths, alibi_slopes=slopes, difference=values,
-        window=window, attend_current=normalization.attend_current, **chunks)
+        window=window, attend_current=normalization.attend_current,
+        remainder=normalization.remainder, **chunks)
     return out, None
   out = chunked_attention(q, k, v, causal=causal, kv_lengths=kv_lengths,
                           alibi_slopes=slopes, difference=values, window=window,

@@ -133,5 +133,6 @@ def dense_kernel(q, k, v, *, mask, bias, slopes, causal, window, kv_lengths,
   else:
     out, weights = stick_breaking_attention(
         q, k, v, mask=mask, bias=bias, q_slots=q_slots,
-        attend_current=normalization.attend_current)
+        attend_current=normalization.attend_current, remainder=normalization.remainder,
+        return_weights=True)
   return out, (weights if return_weights else None)

@@ -8,13 +8,29 @@ the keys read from the nearest back to the first, each taking its share
 σ(z) of the stick the later keys left. Computed in log space, as the
 official reference (shawntan/stickbreaking-attention,
 stickbreaking_attention/sb_ref.py, `stickbreaking`) does it:
-log A_ij = log σ(z_ij) + Σ_{k > j} log σ(-z_ik), in float32. The output is
-`Σ_j A_ij v_j + (1 - Σ_j A_ij) v_i`: the remainder goes to the query's own
-value, as the official tests and model code add `rem[..., None] * v`.
+log A_ij = log σ(z_ij) + Σ_{k > j} log σ(-z_ik), in float32.
+
+The rows of A sum to at most 1; the remainder r_i = 1 - Σ_j A_ij goes where
+`StickBreaking.remainder` says, and the two official codes differ here:
+
+* 'value' (default): `Σ_j A_ij v_j + r_i v_i`, the query's own value, as
+  the official *tests* add it (tests/test_attn.py `ref_fwd`:
+  `o + rem[..., None] * v`).
+* 'head_bias': the authors' *model code* (IBM/dolomite-engine, now
+  lm_engine/hf_models/modeling_utils/sequence_mixer_blocks/
+  stickbreaking_attention.py, class `SBAttention`, commit d0ee1861) adds
+  `rem[..., None] * head_bias` instead, head_bias a learned `[H, D]`
+  starting at zero, then `GroupNorm(num_heads, hidden_size)` (each head's D
+  channels normalised, with a learned scale and shift) before the output
+  projection. Here the attention functions return `Σ_j A_ij v_j` alone and
+  `MultiHeadAttention` adds the parameters' part (`nn.stick_breaking`).
+
+The paper's equations give the output as Σ_j A_ij v_j; neither the remainder
+term nor the GroupNorm is among them: both are choices of the code.
 
 `attend_current` (official name and default False): whether key i itself
 is among query i's keys (mask `triu(1)` instead of `triu(0)` there). Query
-0 without it has no key: A = 0 and its output is v_0.
+0 without it has no key: A = 0 and its output is v_0 (or b_h).
 
 Matching the official code (sb_ref.py and tests/test_attn.py `ref_fwd`,
 commit ea69b8dd; tests/attention/test_stick_breaking.py transcribes both): the same
@@ -34,14 +50,17 @@ import jax
 import jax.numpy as jnp
 
 from attention_jax.attention.heads import map_heads
+from attention_jax.attention.normalization import REMAINDERS
 
 
-def stick_breaking_head(q, k, v, *, mask, bias, q_slots, attend_current):
+def stick_breaking_head(q, k, v, *, mask, bias, q_slots, attend_current,
+                        remainder='value'):
   """One head. q `[T_q, D]`, k `[T_k, D]`, v `[T_k, D_v]`; mask bool `[T_q,
   T_k]` or None (True = may attend; the rule "only keys before the query's
   slot" is added here); bias `[T_q, T_k]` or None; q_slots int `[T_q]`, each
-  query's own key index. -> (out `[T_q, D_v]` in v's dtype, weights float32
-  `[T_q, T_k]`, rows summing to at most 1)."""
+  query's own key index; remainder 'value' adds r_i v_i, 'head_bias' nothing
+  (the module adds its part). -> (out `[T_q, D_v]` in v's dtype, weights
+  float32 `[T_q, T_k]`, rows summing to at most 1)."""
   z = jnp.einsum('qd,kd->qk', q, k, preferred_element_type=jnp.float32)
   z = z * (1.0 / (q.shape[-1] ** 0.5))
   if bias is not None:
@@ -58,15 +77,17 @@ def stick_breaking_head(q, k, v, *, mask, bias, q_slots, attend_current):
   later = jnp.concatenate([suffix[:, 1:], jnp.zeros_like(suffix[:, :1])], -1)
   log_a = jax.nn.log_sigmoid(z) + later
   weights = jnp.where(visible, jnp.exp(jnp.where(visible, log_a, 0.0)), 0.0)
-  remainder = 1.0 - weights.sum(-1)
-  own = jnp.take(v, jnp.clip(q_slots, 0, v.shape[0] - 1), axis=0).astype(jnp.float32)
   out = jnp.einsum('qk,kd->qd', weights, v, preferred_element_type=jnp.float32)
-  out = out + remainder[:, None] * own
+  if remainder == 'value':
+    rem = 1.0 - weights.sum(-1)
+    own = jnp.take(v, jnp.clip(q_slots, 0, v.shape[0] - 1), axis=0).astype(jnp.float32)
+    out = out + rem[:, None] * own
   return out.astype(v.dtype), weights
 
 
 def stick_breaking_attention(q, k, v, *, mask=None, bias=None, q_slots=None,
-                             attend_current=False):
+                             attend_current=False, remainder='value',
+                             return_weights=False):
   """Multi-head stick-breaking attention.
 
   Args:
@@ -76,15 +97,24 @@ def stick_breaking_attention(q, k, v, *, mask=None, bias=None, q_slots=None,
     q_slots: int `[T_q]`: each query's own key index; default 0 … T_q-1 (a
       full causal pass, T_q == T_k).
     attend_current: see the module docstring.
+    remainder: 'value' (add r_i v_i) or 'head_bias' (add nothing: the
+      learned part belongs to `MultiHeadAttention`); see the module docstring.
+    return_weights: also return the weights, as `scaled_dot_product_attention`.
 
   Returns:
-    (out `[B, T_q, H, D_v]` in v's dtype, weights float32 `[B, H, T_q, T_k]`).
+    out `[B, T_q, H, D_v]` in v's dtype, or `(out, weights float32 [B, H,
+    T_q, T_k])` with `return_weights`.
   """
+  if remainder not in REMAINDERS:
+    raise ValueError(f'stick_breaking_attention: remainder={remainder!r}; choose one of '
+                     f'{REMAINDERS}.')
   if q_slots is None:
     if q.shape[1] != k.shape[1]:
       raise ValueError(f'stick-breaking attention over {k.shape[1]} keys for {q.shape[1]} '
                        'queries needs q_slots (each query\'s own key index).')
     q_slots = jnp.arange(q.shape[1], dtype=jnp.int32)
   head = functools.partial(stick_breaking_head, q_slots=q_slots,
-                           attend_current=attend_current)
-  return map_heads(head, q, k, v, mask=mask, bias=bias, name='stick_breaking_attention')
+                           attend_current=attend_current, remainder=remainder)
+  out, weights = map_heads(head, q, k, v, mask=mask, bias=bias,
+                           name='stick_breaking_attention')
+  return (out, weights) if return_weights else out

@@ -106,7 +106,8 @@ class StickBreakingTest(chex.TestCase, parameterized.TestCase):
     want = _official_ref_fwd(q, k, v, 11, attend_current)
     ours = lambda x: jnp.asarray(np.swapaxes(x, 1, 2), jnp.float32)  # -> [B, T, H, D]
     got, weights = aj.stick_breaking_attention(ours(q), ours(k), ours(v),
-                                               attend_current=attend_current)
+                                               attend_current=attend_current,
+                                               return_weights=True)
     np.testing.assert_allclose(np.swapaxes(np.asarray(got), 1, 2), want, atol=1e-5)
     # Query 0 without attend_current has no key: all of it is its own value.
     self.assertEqual(float(np.asarray(weights)[:, :, 0].sum()) == 0.0, not attend_current)
