@@ -22,7 +22,18 @@ independent of the encoding.
 Every call goes through `scaled_dot_product_attention`, which picks the
 kernel. As in Flax, a call returns the output; `return_weights=True` also
 returns the weights (which only the dense kernel forms), `sow_weights=True`
-sows them as Flax does.
+sows them as Flax does. `encoded_queries_keys(x)` returns q and k as the
+scores see them (projected, rotated, scaled), without attending.
+
+Where the parameters live (paths in `nnx.state(module)`): the projections
+at `W_Q`, `W_K`, `W_V`, `W_O` (`kernel`, and `bias` with `use_bias`); the
+encoding's at `positional.<name>` (e.g. `positional.pos_emb` of CoPE,
+`positional.raw_r1` of KERPLE); scalable softmax's s at `ssmax_scale`;
+stick-breaking's 'head_bias' remainder at `remainder.head_bias` and
+`remainder.norm.{scale,bias}`. The attribute is `positional` for stored
+checkpoints' sake; read the encoding itself through the public
+`module.encoding` (the same object), not the name, which is also the
+subpackage `aj.positional`.
 """
 
 from typing import Optional
@@ -39,69 +50,18 @@ from attention_jax.attention.normalization import Normalization
 from attention_jax.attention.normalization import as_normalization
 from attention_jax.attention.scalable import scalable_softmax_queries
 from attention_jax.attention.scalable import visible_keys
+from attention_jax.nn.arguments import CAUSAL
+from attention_jax.nn.arguments import ORDER
+from attention_jax.nn.arguments import call_inputs
+from attention_jax.nn.arguments import model_width
+from attention_jax.nn.arguments import resolve_deterministic
 from attention_jax.nn.cache import CACHE_NAMES
 from attention_jax.nn.cache import KVCache
+from attention_jax.nn.stick_breaking import HeadBiasRemainder
 from attention_jax.nn.self_attention import Positional
 from attention_jax.nn.self_attention import SelfAttention  # pylint: disable=unused-import
 from attention_jax.nn.self_attention import resolve_encoding
 from attention_jax.positional.base import ScoreContext
-
-_CAUSAL = ('MultiHeadAttention needs causal=: pass causal=True (decoder: query i sees keys '
-           'j <= i) or causal=False (encoder / cross-attention, as flax.nnx.MultiHeadAttention '
-           'computes without a mask).')
-_ORDER = ('the positional order is the lesson\'s, MultiHeadAttention(d_model, num_heads); '
-          'flax.nnx.MultiHeadAttention\'s is (num_heads, in_features): write that one with '
-          'keywords, MultiHeadAttention(num_heads=..., in_features=...)')
-
-
-def _width(d_model, in_features):
-  if d_model is not None and in_features is not None:
-    raise ValueError(f'd_model={d_model} and in_features={in_features} name the same width: '
-                     'give one (d_model positionally, or in_features= as in Flax).')
-  width = in_features if d_model is None else d_model
-  if width is None:
-    raise ValueError('MultiHeadAttention needs its width: d_model (positional) or '
-                     f'in_features=; {_ORDER}.')
-  return width
-
-
-def _call_inputs(x, context, inputs_q, inputs_k, inputs_v, is_causal, causal: bool):
-  """(x, context) of a call written our way or Flax's: `inputs_q` is `x`,
-  `inputs_k` is `context`, `inputs_v` may only be the keys' input itself;
-  keys' input that is `x` itself (the same array) is self-attention, context
-  None. `is_causal` must agree with the module's `causal`."""
-  for ours, flax_name, a, b in (('x', 'inputs_q', x, inputs_q),
-                                ('context', 'inputs_k', context, inputs_k)):
-    if a is not None and b is not None:
-      raise ValueError(f'{ours} and {flax_name}= name the same input (ours and Flax\'s name): '
-                       'give one of them.')
-  x = inputs_q if x is None else x
-  context = inputs_k if context is None else context
-  if x is None:
-    raise ValueError('MultiHeadAttention needs the queries\' input: x (positional) or '
-                     'inputs_q= (Flax\'s name).')
-  keys_input = x if context is None else context
-  if inputs_v is not None and inputs_v is not keys_input:
-    raise ValueError('inputs_v must be the keys\' input itself (context, Flax\'s inputs_k; '
-                     'default x): the values come from it, there is no separate value input.')
-  if is_causal is not None and bool(is_causal) != causal:
-    raise ValueError(f'is_causal={is_causal} but this module has causal={causal}: causality is '
-                     'set at construction (it also picks the encoding\'s bias); build it with '
-                     f'causal={bool(is_causal)}.')
-  return x, None if context is x else context
-
-
-def resolve_deterministic(rate: float, *flags) -> bool:
-  """The first of `flags` that is not None (call, then module), Flax's rule;
-  with rate 0 dropout is off whatever they say."""
-  if rate == 0.0:
-    return True
-  for flag in flags:
-    if flag is not None:
-      return bool(flag)
-  raise ValueError(f'dropout_rate={rate} needs to know whether to drop: pass '
-                   'deterministic=True/False to the constructor or the call, or set it '
-                   'on the whole model with model.train() / model.eval().')
 
 
 class MultiHeadAttention(KVCache, nnx.Module):
@@ -179,9 +139,11 @@ class MultiHeadAttention(KVCache, nnx.Module):
       keys it may see (scalable softmax, `attention.scalable`). Combines with
       any encoding and kernel.
     normalization: 'softmax' (default), 'stick_breaking' or a
-      `StickBreaking(attend_current=...)` (Tan et al. 2025,
+      `StickBreaking(attend_current=..., remainder=...)` (Tan et al. 2025,
       `attention.stick_breaking`; causal modules only). Combines with any
-      encoding; served by the dense and chunked kernels.
+      encoding; served by the dense and chunked kernels. With
+      `remainder='head_bias'` (the authors' model code) the module holds the
+      learned vector and GroupNorm (`nn.stick_breaking`) as `remainder`.
     rngs: `nnx.Rngs` for the parameters (and, with `dropout_rate > 0`, a
       fork of its 'dropout' stream).
   """
@@ -202,13 +164,13 @@ class MultiHeadAttention(KVCache, nnx.Module):
                normalization: Normalization = 'softmax',
                rngs: nnx.Rngs):
     if causal is None:
-      raise ValueError(_CAUSAL)
-    d_model = _width(d_model, in_features)
+      raise ValueError(CAUSAL)
+    d_model = model_width(d_model, in_features)
     if num_heads is None:
-      raise ValueError(f'MultiHeadAttention needs num_heads; {_ORDER}.')
+      raise ValueError(f'MultiHeadAttention needs num_heads; {ORDER}.')
     if num_heads < 1 or d_model % num_heads:
       raise ValueError(
-          f'num_heads={num_heads} must be >= 1 and divide d_model={d_model}; {_ORDER}.')
+          f'num_heads={num_heads} must be >= 1 and divide d_model={d_model}; {ORDER}.')
     if qkv_features is not None and qkv_features != d_model:
       raise ValueError(f'qkv_features={qkv_features}: this module keeps queries, keys and '
                        f'values at the width d_model={d_model} (head_dim = d_model // '
@@ -254,9 +216,62 @@ class MultiHeadAttention(KVCache, nnx.Module):
     # Forked only when dropping, so that rate 0 leaves `rngs` (and therefore
     # every later parameter) exactly as before.
     self.rngs = rngs.dropout.fork() if dropout_rate > 0 else nnx.data(None)
+    # Built last and only for 'head_bias': the other parameters (and their
+    # RNG draws) stay what they were without it.
+    self.remainder = (HeadBiasRemainder(num_heads, self.head_dim, dtype=dtype,
+                                        param_dtype=param_dtype, rngs=rngs)
+                      if self.normalization is not None
+                      and self.normalization.remainder == 'head_bias' else None)
     for name in CACHE_NAMES:  # Flax's stateful cache (init_cache with a shape)
       setattr(self, f'cached_{name}', nnx.data(None))
     self.cache_index = nnx.data(None)
+
+  @property
+  def encoding(self):
+    """The `PositionalEncoding` acting in this attention (`NoPE` for none):
+    the object whose parameters sit at `positional.<name>` (module docstring)."""
+    return self.positional
+
+  def encoded_queries_keys(self, x: jnp.ndarray, context: Optional[jnp.ndarray] = None, *,
+                           positions: Optional[jnp.ndarray] = None,
+                           context_positions: Optional[jnp.ndarray] = None,
+                           kv_lengths: Optional[jnp.ndarray] = None):
+    """q and k as the scores see them, without attending: projected, encoded
+    (`rotate_queries_keys`: RoPE, xPos, …) and, with scalable softmax, q
+    scaled by s·log n. The kernels' scores are `q·k/√D` of these, plus the
+    encoding's score contribution (ALiBi, CoPE, …) and the mask.
+
+    Args: as the call's `x`, `context`, `positions`, `context_positions` and
+    `kv_lengths` (which sets n for scalable softmax).
+
+    Returns:
+      (q `[B, T_q, num_heads, head_dim]`, k `[B, T_k, num_kv_heads,
+      head_dim]`) in the projections' dtype.
+    """
+    context = x if context is None else context
+    q, k, _ = self._encoded_qkv(x, context, *self._positions(
+        x, context, positions, context_positions), kv_lengths)
+    return q, k
+
+  def _positions(self, x, context, positions, context_positions):
+    """The call's defaults: queries at 0 … T_q-1; keys at the queries'
+    positions for self-attention (`context` is `x`), else 0 … T_k-1."""
+    if positions is None:
+      positions = np.arange(x.shape[1], dtype=np.int32)
+    if context_positions is None:
+      context_positions = (positions if context is x
+                           else np.arange(context.shape[1], dtype=np.int32))
+    return positions, context_positions
+
+  def _encoded_qkv(self, x, context, positions, context_positions, kv_lengths):
+    """(q, k, v) of the call: `encoded_queries_keys`' q and k, and v."""
+    q, k, v = self.W_Q(x), self.W_K(context), self.W_V(context)
+    q, k = self.positional.rotate_queries_keys(q, k, positions, context_positions)
+    if self.ssmax_scale is not None:
+      n = visible_keys(np.arange(x.shape[1]), context.shape[1], causal=self.causal,
+                       window=self.sliding_window, kv_lengths=kv_lengths)
+      q = scalable_softmax_queries(q, self.ssmax_scale[...], n)
+    return q, k, v
 
   def __call__(self, x: Optional[jnp.ndarray] = None,
                context: Optional[jnp.ndarray] = None,
@@ -306,7 +321,7 @@ class MultiHeadAttention(KVCache, nnx.Module):
       out `[B, T_q, out_features]`, or `(out, weights float32 [B, H, T_q,
       T_k])` with `return_weights`.
     """
-    x, context = _call_inputs(x, context, inputs_q, inputs_k, inputs_v, is_causal, self.causal)
+    x, context = call_inputs(x, context, inputs_q, inputs_k, inputs_v, is_causal, self.causal)
     if self.decode if decode is None else decode:
       return self._decode(x, context, positions, mask, bias, kv_lengths,
                           return_weights or sow_weights)
@@ -325,17 +340,8 @@ class MultiHeadAttention(KVCache, nnx.Module):
           f'dropout_rate={self.dropout_rate} drops attention weights, which only the dense '
           f'kernel forms, but implementation={self.implementation!r}: use \'auto\' or '
           '\'dense\', or call with deterministic=True.')
-    if positions is None:
-      positions = np.arange(x.shape[1], dtype=np.int32)
-    if context_positions is None:
-      context_positions = (positions if self_attention
-                           else np.arange(context.shape[1], dtype=np.int32))
-    q, k, v = self.W_Q(x), self.W_K(context), self.W_V(context)
-    q, k = self.positional.rotate_queries_keys(q, k, positions, context_positions)
-    if self.ssmax_scale is not None:
-      n = visible_keys(np.arange(x.shape[1]), context.shape[1], causal=self.causal,
-                       window=self.sliding_window, kv_lengths=kv_lengths)
-      q = scalable_softmax_queries(q, self.ssmax_scale[...], n)
+    positions, context_positions = self._positions(x, context, positions, context_positions)
+    q, k, v = self._encoded_qkv(x, context, positions, context_positions, kv_lengths)
     q_features = self.positional.token_features(x)
     score_bias = self.positional.score_contribution(ScoreContext(
         q=q, k=k, q_positions=positions, k_positions=context_positions,
@@ -346,6 +352,8 @@ class MultiHeadAttention(KVCache, nnx.Module):
         mask=as_rank4('mask', mask),
         q_history=q if self_attention and self.positional.reads_query_history else None))
     weighted = return_weights or sow_weights or dropping
+    if self.remainder is not None:
+      v = self.remainder.values(v)
     result = scaled_dot_product_attention(
         q, k, v, mask=mask, bias=bias, score_bias=score_bias,
         causal=self.causal, kv_lengths=kv_lengths, window=self.sliding_window,
@@ -353,13 +361,19 @@ class MultiHeadAttention(KVCache, nnx.Module):
         implementation=self.implementation, return_weights=weighted,
         chunk_size=self.chunk_size, chunked_strategy=self.chunked_strategy)
     if not weighted:
-      return self.W_O(result)
+      return self.W_O(self._with_remainder(result))
     out, weights = result
     if sow_weights:
       self.sow(nnx.Intermediate, 'attention_weights', weights)
     if dropping:
       out = self._dropped_values(weights, k, v, rngs)
-    return (self.W_O(out), weights) if return_weights else self.W_O(out)
+    out = self.W_O(self._with_remainder(out))
+    return (out, weights) if return_weights else out
+
+  def _with_remainder(self, out):
+    """Attention output `[B, T_q, H, D]` (D + 1 with 'head_bias') -> `[B, T_q,
+    H, D]`: stick-breaking's learned remainder added and normalised, if on."""
+    return out if self.remainder is None else self.remainder(out)
 
   def _dropped_values(self, weights, k, v, rngs):
     """dropout(weights) · v: `[B, H, T_q, T_k]`, v `[B, T_k, H_kv, D]` ->

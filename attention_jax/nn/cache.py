@@ -251,8 +251,11 @@ class KVCache:
     # The mask moves with `start`, which blocks do not express; the queries
     # are one token (or a prompt), cheap on the other kernels.
     implementation = 'auto' if self.implementation == 'chunked' else self.implementation
+    values = heads_first(cache['value']).astype(v.dtype)
+    if self.remainder is not None:  # stick-breaking's 'head_bias' (nn.stick_breaking)
+      values = self.remainder.values(values)
     out = scaled_dot_product_attention(
-        q, all_keys, heads_first(cache['value']).astype(v.dtype), mask=mask,
+        q, all_keys, values, mask=mask,
         score_bias=score_bias, normalization=self.normalization, q_slots=slots,
         implementation=implementation)
-    return self.W_O(out), cache
+    return self.W_O(self._with_remainder(out)), cache

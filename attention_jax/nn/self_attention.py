@@ -92,6 +92,12 @@ class SelfAttention(nnx.Module):
         encoding, d_model=d_k, num_heads=1, max_positions=max_positions,
         causal=self.causal, rngs=rngs, owner='SelfAttention')
 
+  @property
+  def encoding(self) -> PositionalEncoding:
+    """The encoding acting in this attention (`NoPE` for none); its
+    parameters sit at `positional.<name>` in `nnx.state(module)`."""
+    return self.positional
+
   def __call__(self, x: jnp.ndarray, *, mask: Optional[jnp.ndarray] = None,
                bias: Optional[jnp.ndarray] = None,
                positions: Optional[jnp.ndarray] = None, return_weights: bool = False):
