@@ -1,4 +1,17 @@
-"""Positional encodings: pure functions, one hook module each, and the registry."""
+"""Positional encodings: pure functions, one hook module each, and the registry.
+
+Shapes of a bias, one convention:
+
+* pure functions of positions alone (`alibi_bias`, `alibi_bias_at`,
+  `kerple_log_bias`, `fire_bias`, `hard_alibi_bias`, `learned_window_bias`)
+  return float32 `[H, T_q, T_k]` for positions `[T]`, `[B, H, T_q, T_k]` for
+  positions `[B, T]`;
+* every encoding's method returns rank 4: `attention_bias(q_positions,
+  k_positions)` float32 `[1|B, H, T_q, T_k]` (1 for positions `[T]`) or
+  None, and a `DenseBias` from `score_bias` / `score_contribution` holds a
+  `[1|B, H, T_q, T_k]` array, ready to add to scores `[B, H, T_q, T_k]`;
+  `heads_rank4` turns the first form into the second.
+"""
 
 from attention_jax.positional.alibi import ALiBi
 from attention_jax.positional.alibi import alibi_bias

@@ -51,6 +51,7 @@ from attention_jax.attention import MASK_VALUE
 from attention_jax.attention.scores import WindowBias
 from attention_jax.attention.scores import relative_distance
 from attention_jax.positional.base import PositionalEncoding
+from attention_jax.positional.base import heads_rank4
 
 
 def default_widths(num_windowed_heads: int) -> tuple[int, ...]:
@@ -143,8 +144,9 @@ class HardALiBi(PositionalEncoding):
                causal, offsets)
 
   def attention_bias(self, q_positions, k_positions):
-    return hard_alibi_bias(self.widths, self.num_heads, q_positions, k_positions,
-                           self.causal, self.offsets)
+    """-> float32 `[1|B, H, T_q, T_k]` (the package's rank-4 convention)."""
+    return heads_rank4(hard_alibi_bias(self.widths, self.num_heads, q_positions, k_positions,
+                                       self.causal, self.offsets))
 
   def score_bias(self, q_positions, k_positions) -> WindowBias:
     """`attention_bias` as a `WindowBias` (O(T) integers, so that a kernel

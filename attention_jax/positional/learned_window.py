@@ -33,6 +33,7 @@ import numpy as np
 from flax import nnx
 
 from attention_jax.positional.base import PositionalEncoding
+from attention_jax.positional.base import heads_rank4
 from attention_jax.positional.hard_alibi import check_windows
 from attention_jax.attention.scores import relative_distance
 
@@ -95,5 +96,6 @@ class LearnedWindow(PositionalEncoding):
     return jax.nn.softplus(self.raw_temperature[...])
 
   def attention_bias(self, q_positions, k_positions):
-    return learned_window_bias(self.widths(), self.temperatures(), self.num_heads,
-                               q_positions, k_positions, self.causal)
+    """-> float32 `[1|B, H, T_q, T_k]` (the package's rank-4 convention)."""
+    return heads_rank4(learned_window_bias(self.widths(), self.temperatures(), self.num_heads,
+                                           q_positions, k_positions, self.causal))

@@ -38,6 +38,7 @@ from attention_jax.attention import MASK_VALUE
 from attention_jax.attention.scores import WindowBias
 from attention_jax.attention.scores import relative_distance
 from attention_jax.positional.base import flag_option
+from attention_jax.positional.base import heads_rank4
 from attention_jax.positional.base import integer_option
 from attention_jax.positional.base import real_option
 from attention_jax.positional.rope import RoPE
@@ -110,7 +111,9 @@ class WindowedRoPE(RoPE):
   def attention_bias(self, q_positions, k_positions):
     if not self.windows:
       return None
-    return windowed_bias(self.windows, self.num_heads, q_positions, k_positions, self.sink)
+    """-> float32 `[1|B, H, T_q, T_k]` (the package's rank-4 convention)."""
+    return heads_rank4(windowed_bias(self.windows, self.num_heads, q_positions, k_positions,
+                                     self.sink))
 
   def score_bias(self, q_positions, k_positions):
     """`attention_bias` as a `WindowBias` (|p_i - p_j| <= w_h, the sink at id

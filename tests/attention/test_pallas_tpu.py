@@ -130,8 +130,7 @@ class WindowBiasTest(chex.TestCase, parameterized.TestCase):
     enc = aj.positional.HardALiBi(4, (1, 3), causal)
     p = np.stack([np.arange(12), np.arange(12) % 5]) if batched else np.arange(12)
     dense = jnp.asarray(enc.attention_bias(p, p))
-    chex.assert_trees_all_equal(enc.score_bias(p, p).dense(12, 12),
-                                dense if batched else dense[None])
+    chex.assert_trees_all_equal(enc.score_bias(p, p).dense(12, 12), dense)  # both rank 4
 
   def test_windowed_rope_windows_equal_its_dense_bias_bit_for_bit(self):
     enc = WindowedRoPE(8, 4, (0, 2), sink=True)

@@ -59,7 +59,7 @@ class HardALiBiTest(chex.TestCase, parameterized.TestCase):
     enc = aj.make_encoding('hard_alibi', d_model=8 * num_heads, num_heads=num_heads,
                            widths=widths)
     expected_widths = widths or tuple(range(1, num_heads // 2 + 1))
-    got = np.asarray(enc.attention_bias(np.arange(9), np.arange(9)))
+    got = np.asarray(enc.attention_bias(np.arange(9), np.arange(9)))[0]  # [1, H, T, T]
     self.assertEqual(got.dtype, np.float32)
     self.assertTrue(np.all(np.isfinite(got)))
     np.testing.assert_array_equal(got, _hard_alibi_reference(expected_widths, num_heads, 9))
@@ -91,7 +91,7 @@ class LearnedWindowTest(chex.TestCase):
   def test_formula_and_free_heads(self):
     enc = aj.make_encoding('learned_window', d_model=16, num_heads=4, init_widths=(1, 3),
                            temperature=2.0)
-    got = np.asarray(enc.attention_bias(np.arange(6), np.arange(6)))
+    got = np.asarray(enc.attention_bias(np.arange(6), np.arange(6)))[0]  # [1, H, T, T]
     d = np.arange(6)[:, None] - np.arange(6)[None, :]
     for h, w in enumerate((1, 3)):
       want = -np.logaddexp(0.0, -2.0 * (w - 0.5 - d))  # log σ(τ (w − ½ − d))
@@ -288,7 +288,7 @@ class WindowedRoPETest(chex.TestCase, parameterized.TestCase):
     enc = aj.make_encoding('windowed_rope', d_model=8 * num_heads, num_heads=num_heads,
                            windows=windows, sink=sink)
     pos = np.array(COUPLED_POSITIONS[:9] + [7, 12, 30])
-    got = np.asarray(enc.attention_bias(pos, pos))
+    got = np.asarray(enc.attention_bias(pos, pos))[0]  # [1, H, T, T]
     self.assertEqual(got.dtype, np.float32)
     self.assertTrue(np.all(np.isfinite(got)))
     np.testing.assert_array_equal(got, _windowed_rope_reference(windows, num_heads, pos, pos,

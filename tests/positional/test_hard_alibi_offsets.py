@@ -23,7 +23,7 @@ class WindowOffsetsTest(chex.TestCase, parameterized.TestCase):
   def test_offset_windows_read_exactly_the_tokens_that_far_back(self):
     enc = aj.make_encoding('hard_alibi', d_model=24, num_heads=3, widths=(1, 2),
                            offsets=(2, 1))
-    got = np.asarray(enc.attention_bias(np.arange(7), np.arange(7)))
+    got = np.asarray(enc.attention_bias(np.arange(7), np.arange(7)))[0]  # [1, H, T, T]
     d = np.arange(7)[:, None] - np.arange(7)[None, :]
     np.testing.assert_array_equal(got[0] == 0, d == 2)  # exactly the token 2 back
     np.testing.assert_array_equal(got[1] == 0, (d >= 1) & (d <= 2))
