@@ -31,7 +31,7 @@ from attention_jax.lab.evaluate.context_extension import evaluation_variants
 from attention_jax.lab import models
 from attention_jax.lab import plan
 from attention_jax.lab.entries import run_label
-from attention_jax.lab.run_record import write_run
+from attention_jax.lab.run_files import write_run
 from attention_jax.lab.timing import Stopwatch
 from attention_jax.lab.timing import describe
 from attention_jax.lab.timing import locked
