@@ -50,9 +50,9 @@ forward and matches it. Paper and code differ; we follow the code:
 * npos: the paper clips p at p_max; the code clamps at npos − 1 with npos
   `--cope-npos`, default block_size + 1 ("position 0 is possible"). Ours:
   `npos`, default max_positions + 1 (a position is at most the number of
-  keys, so nothing is clamped), or `DEFAULT_NPOS` = 64 when max_positions
-  is not given either (the code always knows its block size; here a module
-  may be built by name alone).
+  keys, so nothing is clamped). With neither given it is an error naming
+  both: the code always knows its block size, and a silent default would
+  clamp every position past it (`TransformerLM` passes its max_positions).
 * Keys past the query: the paper sums t = j … i; the code sums t >= j over
   the gates times its attention mask, the same under a causal mask. Ours:
   the code's sum with the call's mask.
@@ -83,11 +83,6 @@ from attention_jax.attention.heads import repeat_kv_heads
 from attention_jax.attention.scores import DenseBias
 from attention_jax.positional.base import PositionalEncoding
 from attention_jax.positional.base import ScoreContext
-
-# npos when neither npos nor max_positions is given (a module built by name
-# alone): positions from 63 on share the table's last entry. CoPE clamps by
-# design, and counted positions grow more slowly than token indices.
-DEFAULT_NPOS = 64
 
 # How kernels name this bias when they refuse it (the chunked kernel's
 # error); "not linear in i - j" as every dense bias of the package says.
@@ -148,7 +143,11 @@ def cope_bias(q: jnp.ndarray, k: jnp.ndarray, pos_emb: jnp.ndarray,
 def _check_npos(npos, max_positions) -> int:
   if npos is None:
     if max_positions is None:
-      return DEFAULT_NPOS
+      raise ValueError('cope needs the size of its position table: npos (an integer >= 1, '
+                       'the positions it holds; p is clamped to npos - 1) or max_positions '
+                       '(npos = max_positions + 1, the official block_size + 1), e.g. '
+                       "MultiHeadAttention(..., encoding='cope', max_positions=T) or "
+                       "encoding_options={'npos': N}; TransformerLM passes its max_positions.")
     if isinstance(max_positions, bool) or not isinstance(max_positions, (int, np.integer)):
       raise ValueError(f'cope: max_positions={max_positions!r} must be an integer >= 0 '
                        '(npos defaults to max_positions + 1).')
@@ -174,13 +173,13 @@ class CoPE(PositionalEncoding):
   def build(cls, *, d_model, num_heads, max_positions, causal, rngs,
             npos: Optional[int] = None, nodiv: bool = False):
     """Options: `npos` (integer >= 1, the positions in the table; default
-    max_positions + 1, the official block_size + 1, or `DEFAULT_NPOS` without
-    max_positions) and `nodiv` (the official `--cope-nodiv`: pos is added to
+    max_positions + 1, the official block_size + 1; one of the two is
+    required) and `nodiv` (the official `--cope-nodiv`: pos is added to
     the scores without the 1/√D; default False, the official default)."""
     del causal, rngs  # the same formula under any mask; zeros need no randomness
-    npos = _check_npos(npos, max_positions)
     if not isinstance(nodiv, (bool, np.bool_)):
       raise ValueError(f'cope: nodiv={nodiv!r} must be True or False.')
+    npos = _check_npos(npos, max_positions)
     return cls(d_model // num_heads, npos, nodiv=bool(nodiv))
 
   def score_contribution(self, context: ScoreContext) -> DenseBias:

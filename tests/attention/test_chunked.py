@@ -157,8 +157,8 @@ class ModuleImplementationTest(parameterized.TestCase):
   def test_module_paths_agree(self, encoding, implementation):
     from flax import nnx  # pylint: disable=g-import-not-at-top
     dense = aj.MultiHeadAttention(32, 4, causal=True, encoding=encoding, implementation='dense',
-                                  rngs=nnx.Rngs(0))
-    other = aj.MultiHeadAttention(32, 4, causal=True, encoding=encoding,
+                                  max_positions=21, rngs=nnx.Rngs(0))
+    other = aj.MultiHeadAttention(32, 4, causal=True, encoding=encoding, max_positions=21,
                                   implementation=implementation, chunk_size=8, rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(1), (2, 21, 32))
     lengths = jnp.array([21, 9])
@@ -191,7 +191,8 @@ class ModuleImplementationTest(parameterized.TestCase):
       alibi(x)
     causal_alibi = aj.MultiHeadAttention(16, 2, causal=True, encoding='alibi',
                                          implementation='chunked', rngs=nnx.Rngs(0))
-    with self.assertRaisesRegex(ValueError, 'return_weights=True .*; the bias of ALiBi '
+    with self.assertRaisesRegex(ValueError, 'return_weights=True .*; a dense bias from the bias '
+                                'of ALiBi '
                                 r'\(at positions other than the default 0 … T-1'):
       causal_alibi(x, positions=np.arange(8) + 5, return_weights=True)
     with self.assertRaisesRegex(ValueError, "implementation='flash'"):

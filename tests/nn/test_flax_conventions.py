@@ -298,8 +298,8 @@ class FlaxParamsTest(chex.TestCase, parameterized.TestCase):
        r'it with use_bias=True\.$'),
       ('no_bias_into_bias', dict(use_bias=False), dict(), r'^the flax.nnx.MultiHeadAttention '
        r'has \w+\.bias but the MultiHeadAttention state has no bias'),
-      ('encoding', dict(encoding='cope'), dict(), r"^positional\.pos_emb \(the encoding's "
-       r'parameter\) has no place in flax.nnx.MultiHeadAttention'),
+      ('encoding', dict(encoding='cope', max_positions=8), dict(), r'^positional\.pos_emb '
+       r"\(the encoding's parameter\) has no place in flax.nnx.MultiHeadAttention"),
       ('scalable_softmax', dict(scalable_softmax=1.0), dict(), r'^ssmax_scale \(scalable '
        r'softmax\) has no place .*scalable_softmax=None converts\.$'),
       ('normalize_qk', dict(), dict(normalize_qk=True), r'^the flax.nnx.MultiHeadAttention '

@@ -85,6 +85,8 @@ def _normal(seed, shape):
 
 
 def _cope(num_heads=3, head_dim=8, **options):
+  if 'npos' not in options and 'max_positions' not in options:
+    options['npos'] = 64  # cope refuses to guess its table's size
   return pe.make_encoding('cope', d_model=num_heads * head_dim, num_heads=num_heads,
                           rngs=nnx.Rngs(0), **options)
 
@@ -256,7 +258,9 @@ class CopeConfigTest(parameterized.TestCase):
     self.assertEqual(_cope(2, 4, npos=5).pos_emb.shape, (4, 5))
     enc = pe.make_encoding('cope', d_model=8, num_heads=2, max_positions=16)
     self.assertEqual(enc.pos_emb.shape, (4, 17))  # the official block_size + 1
-    self.assertEqual(_cope(2, 4).pos_emb.shape, (4, pe.cope.DEFAULT_NPOS))
+    with self.assertRaisesRegex(ValueError, r'cope needs the size of its position table: '
+                                r'npos .* or max_positions'):
+      pe.make_encoding('cope', d_model=8, num_heads=2)
     self.assertTrue(pe.CoPE.per_layer)  # one table per layer, as the official code
     np.testing.assert_array_equal(enc.pos_emb[...], 0.0)  # the official zeros
 
@@ -272,7 +276,7 @@ class CopeConfigTest(parameterized.TestCase):
 
   def test_cope_unknown_option(self):
     with self.assertRaisesRegex(ValueError, r"'cope' got an unknown option among \['p_max'\]"):
-      _cope(2, p_max=8)
+      pe.make_encoding('cope', d_model=8, num_heads=2, max_positions=8, p_max=8)
 
   def test_cope_lab_config_validates(self):
     config = copy_config.get_config('encoding=cope,size=tiny')
