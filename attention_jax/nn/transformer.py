@@ -11,6 +11,19 @@ attention is shared by every layer (its hooks and parameters the same in
 all), or built once per layer when the encoding class says `per_layer`
 (forgetting attention's gate, CoPE's and FIRE's tables: the official models
 give every layer its own) or the caller asks for it (`encoding_per_layer`).
+By default every layer's attention uses it; `encoding_layers` names the
+layers that do (the official Multi-Token Attention models convolve in a few:
+facebookresearch/RAM projects/mta, `mta_layers` "2,6,10,14,18" of 20 layers
+at 300M, "2,6,10,14,18,22" of 24 above), the others attending without one.
+
+Where the parameters live (paths in `nnx.state(model)`): `embed`, `blocks.<i>`
+(`attention` with its `W_Q` … `W_O`, `attention_norm`, `mlp_norm`, `mlp_in`,
+`mlp_out`), `final_norm`, `unembed`; the encoding's at `positional.<name>`
+when it adds to the embeddings (learned: `positional.table`), else at
+`blocks.<i>.attention.positional.<name>`, once, under the first layer
+holding it when the layers share one. `model.encoding` (the model's
+encoding) and `model.blocks[i].attention.encoding` (a layer's) are the
+public handles; the attribute name `positional` stays for checkpoints.
 
 Dropout (`dropout_rate`, default 0: none, and no RNG needed) acts on the
 attention weights and on both residual branches, Flax's way: `deterministic`
@@ -22,7 +35,7 @@ protocol: `init_cache(batch_size, cache_size) -> cache` and `extend(tokens
 [B, S], cache, start, *, positions=None) -> (logits [B, S, V], cache)`.
 """
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -37,6 +50,7 @@ from attention_jax.nn.cache import is_static
 from attention_jax.nn.cache import poison
 from attention_jax.positional import PositionalEncoding
 from attention_jax.positional import make_encoding
+from attention_jax.positional.learned import positions_proven
 
 
 class Block(nnx.Module):
@@ -104,6 +118,11 @@ class TransformerLM(nnx.Module):
     encoding_options: keyword options of the encoding's `build`.
     encoding_per_layer: one encoding (and its parameters) per layer instead
       of one shared; None: the encoding class's `per_layer`.
+    encoding_layers: None (default: every layer) or the 0-based indices of
+      the layers whose attention uses an encoding acting inside attention,
+      e.g. `(2, 6, 10, 14, 18)` for 'mta' as the official 300M model; the
+      other layers get none (NoPE). An encoding added to the embeddings acts
+      once, before the first layer, and takes no layers.
     dropout_rate: dropout on the attention weights and on the output of
       each residual branch (attention, MLP); default 0.0 (none).
     deterministic: True = no dropout; None: from the call or
@@ -119,7 +138,8 @@ class TransformerLM(nnx.Module):
                scalable_softmax: Optional[float] = None,
                normalization: Normalization = 'softmax',
                encoding_per_layer: Optional[bool] = None, dropout_rate: float = 0.0,
-               deterministic: Optional[bool] = None, rngs: nnx.Rngs):
+               deterministic: Optional[bool] = None,
+               encoding_layers: Optional[Sequence[int]] = None, rngs: nnx.Rngs):
     self.vocab_size = vocab_size
     self.embed = nnx.Embed(vocab_size, d_model,
                            embedding_init=nnx.initializers.normal(1.0), rngs=rngs)
@@ -131,19 +151,30 @@ class TransformerLM(nnx.Module):
     in_attention = self.positional if self.positional.acts_in_attention else None
     per_layer = (type(self.positional).per_layer if encoding_per_layer is None
                  else encoding_per_layer)
-    # The first block takes self.positional, the others a fresh one each.
-    layer_encodings = [in_attention] + [
-        build() if in_attention is not None and per_layer else in_attention
-        for _ in range(num_layers - 1)]
+    layers = _check_encoding_layers(encoding_layers, num_layers, encoding,
+                                    in_attention is not None)
+    self.encoding_layers = layers  # static: the layers whose attention has the encoding
+    # The first encoded block takes self.positional, the others a fresh one
+    # each (per_layer) or the same; unlisted layers none.
+    layer_encodings = [None] * num_layers
+    for n, i in enumerate(layers):
+      layer_encodings[i] = build() if n and per_layer else in_attention
     self.blocks = nnx.List([
         Block(d_model, num_heads, mlp_dim, layer_encoding, rngs=rngs,
               num_kv_heads=num_kv_heads, sliding_window=sliding_window,
               implementation=implementation, scalable_softmax=scalable_softmax,
               normalization=normalization, dropout_rate=dropout_rate,
               deterministic=deterministic)
-        for layer_encoding in layer_encodings[:num_layers]])
+        for layer_encoding in layer_encodings])
     self.final_norm = nnx.LayerNorm(d_model, rngs=rngs)
     self.unembed = nnx.Linear(d_model, vocab_size, rngs=rngs)
+
+  @property
+  def encoding(self) -> PositionalEncoding:
+    """The model's positional encoding: the absolute one added to the
+    embeddings, or the first encoded layer's (`blocks[i].attention.encoding`
+    for each layer's; module docstring)."""
+    return self.positional
 
   def __call__(self, tokens: jax.Array, *, positions: Optional[jax.Array] = None,
                return_weights: bool = False, deterministic: Optional[bool] = None,
@@ -192,6 +223,19 @@ class TransformerLM(nnx.Module):
              for c in cache]
     return poison(logits, in_range), cache
 
+  def _check_cache_positions(self, t_max: int) -> None:
+    """ValueError, at trace time, if default positions over a cache of t_max
+    slots can pass what the embedding encoding serves (a learned table's rows)."""
+    if self.positional.acts_in_attention:
+      return  # nothing is looked up per position before the blocks
+    try:
+      self.positional.check_position_range(0, t_max - 1)
+    except ValueError as e:
+      raise ValueError(f'a cache of {t_max} slots (init_cache(cache_size={t_max})) decodes '
+                       f'with default positions, the slots, up to position {t_max - 1}: {e} '
+                       'Make the cache no longer than the encoding serves, or pass '
+                       'positions= to extend.') from None
+
   def _check_tokens(self, tokens) -> None:
     if tokens.ndim != 2:
       raise ValueError(f'tokens must be [batch, length], got shape {tokens.shape}.')
@@ -204,15 +248,47 @@ class TransformerLM(nnx.Module):
 
   def _extend(self, tokens, cache, start, *, positions=None):
     """`extend` without the slot check, for callers that guarantee the range."""
-    s_len = tokens.shape[1]
+    s_len, t_max = tokens.shape[1], cache[0]['key'].shape[2]
     if positions is None:
       positions = start + jnp.arange(s_len, dtype=jnp.int32)
-    x = self.positional.add_to_embeddings(self.embed(tokens), positions)
+      # The slots start … start+S-1 lie in 0 … t_max-1 whenever the step is
+      # valid (else `extend` raises, or poisons its logits and records the
+      # overflow), so checking the cache's last slot now, at trace time,
+      # covers every position: the embedding needs no run-time (host
+      # callback) check, and the cached step exports.
+      self._check_cache_positions(t_max)
+      with positions_proven():
+        x = self.positional.add_to_embeddings(self.embed(tokens), positions)
+    else:
+      x = self.positional.add_to_embeddings(self.embed(tokens), positions)
     new_cache = []
     for block, layer_cache in zip(self.blocks, cache):
       x, layer_cache = block.extend(x, layer_cache, start, positions)
       new_cache.append(layer_cache)
     return self.unembed(self.final_norm(x)).astype(jnp.float32), new_cache
+
+
+def _check_encoding_layers(layers, num_layers: int, encoding, in_attention: bool) -> tuple:
+  """The sorted layer indices that use the encoding (all for None), or a
+  ValueError naming the value and what is allowed."""
+  if layers is None:
+    return tuple(range(num_layers)) if in_attention else ()
+  if not in_attention:
+    raise ValueError(f'encoding_layers={layers!r}: encoding={encoding!r} does not act inside '
+                     'attention (it adds to the embeddings once, or is none), so it has no '
+                     'layers to choose; leave encoding_layers=None.')
+  try:
+    chosen = tuple(layers)
+  except TypeError:
+    chosen = None
+  ok = chosen is not None and all(
+      isinstance(i, (int, np.integer)) and not isinstance(i, (bool, np.bool_))
+      and 0 <= i < num_layers for i in chosen)
+  if not ok or not chosen or len(set(chosen)) != len(chosen):
+    raise ValueError(f'encoding_layers={layers!r} must be distinct layer indices in 0 … '
+                     f'{num_layers - 1} (num_layers={num_layers}), at least one; or None for '
+                     'every layer.')
+  return tuple(sorted(int(i) for i in chosen))
 
 
 PROTOCOL = ('init_cache(batch_size, cache_size) -> cache and extend(tokens [B, S], cache, '

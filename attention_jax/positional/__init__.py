@@ -7,8 +7,8 @@ Shapes of a bias, one convention:
   return float32 `[H, T_q, T_k]` for positions `[T]`, `[B, H, T_q, T_k]` for
   positions `[B, T]`;
 * every encoding's method returns rank 4: `attention_bias(q_positions,
-  k_positions)` float32 `[1|B, H, T_q, T_k]` (1 for positions `[T]`) or
-  None, and a `DenseBias` from `score_bias` / `score_contribution` holds a
+  k_positions)`, where an encoding has one, float32 `[1|B, H, T_q, T_k]` (1
+  for positions `[T]`) or None, and a `DenseBias` from `score_bias` / `score_contribution` holds a
   `[1|B, H, T_q, T_k]` array, ready to add to scores `[B, H, T_q, T_k]`;
   `heads_rank4` turns the first form into the second.
 """

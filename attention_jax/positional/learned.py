@@ -8,8 +8,16 @@ error, raised at trace time when the positions are static (the default
 The run-time check is a host callback (`jax.debug.callback`): a trip to the
 host at every call on an accelerator, and a program `jax.export` refuses.
 A caller that has proven the range before tracing (the lab validates every
-length against the table) turns it off with `check_positions=False`.
+length against the table) turns it off with `check_positions=False`; one
+that proves it for a single call, statically (`check_position_range` on
+bounds known at trace time), traces that call inside `positions_proven()`.
+`TransformerLM.extend` does so with its default positions, the cache slots:
+they cannot pass the cache's last slot, and a cache longer than the table
+is refused at trace time, so the cached step needs no callback and exports.
 """
+
+import contextlib
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -33,17 +41,36 @@ def _raise_if_out_of_range(lo, hi, max_positions: int) -> None:
     raise ValueError(_out_of_range_message(lo, hi, max_positions))
 
 
+# Trace-time state (read while tracing, never inside the program): whether
+# the positions of the calls traced now were proven in range by the caller.
+_PROVEN = threading.local()
+
+
+@contextlib.contextmanager
+def positions_proven():
+  """Within it, traced positions skip the table's run-time range check (the
+  host callback). Only for a caller that has checked, statically, every
+  position the calls traced inside can take (`Learned.check_position_range`);
+  static positions are still checked."""
+  before = getattr(_PROVEN, 'value', False)
+  _PROVEN.value = True
+  try:
+    yield
+  finally:
+    _PROVEN.value = before
+
+
 def learned_lookup(table: jnp.ndarray, positions: jnp.ndarray,
                    check: bool = True) -> jnp.ndarray:
   """Rows of `table` `[max_positions, D]` at integer `positions` `[...]` -> `[..., D]`.
-  `check=False` skips the run-time range check of traced positions (static
-  ones are always checked)."""
+  `check=False` (or tracing inside `positions_proven()`) skips the run-time
+  range check of traced positions; static ones are always checked."""
   max_positions = table.shape[0]
   try:
     concrete = np.asarray(positions)  # static positions: check at trace time
   except jax.errors.TracerArrayConversionError:
     concrete = None
-  if concrete is None and check:
+  if concrete is None and check and not getattr(_PROVEN, 'value', False):
     jax.debug.callback(
         _raise_if_out_of_range, positions.min(), positions.max(), max_positions)
   elif concrete is not None and concrete.size:
