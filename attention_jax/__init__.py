@@ -13,6 +13,7 @@ from attention_jax.attention import DenseBias
 from attention_jax.attention import DifferenceBias
 from attention_jax.attention import LinearBias
 from attention_jax.attention import NoBias
+from attention_jax.attention import ScoreSpec
 from attention_jax.attention import StickBreaking
 from attention_jax.attention import additive_scores
 from attention_jax.attention import attend
@@ -52,7 +53,8 @@ __all__ = [
     'scaled_dot_product_attention', 'sliding_window_mask', 'stick_breaking_attention',
     'StickBreaking',
     # What an encoding adds to the scores, and what it may read to do so.
-    'DenseBias', 'DifferenceBias', 'LinearBias', 'NoBias', 'ScoreContext', 'WindowBias',
+    'DenseBias', 'DifferenceBias', 'LinearBias', 'NoBias', 'ScoreContext', 'ScoreSpec',
+    'WindowBias',
     # Modules and generation (attention_jax.nn).
     'AdditiveAttention', 'MultiHeadAttention', 'Seq2Seq', 'SelfAttention',
     'TransformerLM', 'generate',

@@ -45,14 +45,14 @@ SPECS = ('none', 'alibi', 'difference', 'windows')
 
 
 def score_spec(name: str, b: int, h: int, t: int):
-  """The `ScoreBias` of spec `name` for B, H, T (fixed seeds)."""
+  """The score spec (`ScoreSpec`) of spec `name` for B, H, T (fixed seeds)."""
   if name == 'none':
     return scores.NoBias()
   if name == 'alibi':
     return scores.LinearBias(aj.positional.alibi_slopes(h))
   if name == 'difference':
     log_f = -jax.nn.softplus(jax.random.normal(jax.random.key(7), (b, h, t)))
-    c = jnp.cumsum(log_f, -1)  # forgetting attention's c_i - c_j
+    c = jnp.cumsum(jnp.swapaxes(log_f, 1, 2), 1)  # forgetting attention's c, [B, T, H]
     return scores.DifferenceBias(c, c)
   if name == 'windows':
     m = h // 2

@@ -14,6 +14,7 @@ from attention_jax.attention.dispatch import KERNELS
 from attention_jax.attention.dispatch import Kernel
 from attention_jax.attention.dispatch import Request
 from attention_jax.attention.dispatch import check_options
+from attention_jax.attention.dispatch import register_kernel
 from attention_jax.attention.dispatch import scaled_dot_product_attention
 from attention_jax.attention.dispatch import select_implementation
 from attention_jax.attention.normalization import NORMALIZATIONS
@@ -30,6 +31,7 @@ from attention_jax.attention.scores import DifferenceBias
 from attention_jax.attention.scores import LinearBias
 from attention_jax.attention.scores import NoBias
 from attention_jax.attention.scores import ScoreBias
+from attention_jax.attention.scores import ScoreSpec
 from attention_jax.attention.scores import WindowBias
 from attention_jax.attention.scores import is_arange
 from attention_jax.attention.scores import linear_bias

@@ -105,11 +105,12 @@ def pad_to(x, axis, multiple):
 
 
 def difference_rows(difference, b, h, t_q, t_k):
-  """(q_values `[B|1, H, T_q]`, k_values `[B|1, H, T_k]`) -> float32 rows
+  """(q_values `[B|1, T_q, H]`, k_values `[B|1, T_k, H]`) -> float32 rows
   `[B · H, T_q]`, `[B · H, T_k]`, one per (example, head) like q's rows."""
   q_values, k_values = (jnp.asarray(x, jnp.float32) for x in difference)
-  if q_values.shape[1:] != (h, t_q) or k_values.shape[1:] != (h, t_k):
+  if q_values.shape[1:] != (t_q, h) or k_values.shape[1:] != (t_k, h):
     raise ValueError(f'difference bias values {q_values.shape} and {k_values.shape} for '
-                     f'H={h}, T_q={t_q}, T_k={t_k}: need [B|1, H, T_q] and [B|1, H, T_k].')
+                     f'H={h}, T_q={t_q}, T_k={t_k}: need [B|1, T_q, H] and [B|1, T_k, H].')
+  q_values, k_values = jnp.moveaxis(q_values, -1, 1), jnp.moveaxis(k_values, -1, 1)
   rows = lambda x, t: jnp.broadcast_to(x, (b, h, t)).reshape(b * h, t)
   return rows(q_values, t_q), rows(k_values, t_k)

@@ -230,8 +230,8 @@ def chunked_stick_breaking(
     kv_lengths: optional int `[B]`: keys at index >= kv_lengths[b] are
       padding. A query with no visible key gets its own value v_i.
     alibi_slopes: optional `[H]`: adds `-slope_h · (i - j)` (no gradient).
-    difference: optional (q_values `[B|1, H, T]`, k_values `[B|1, H, T]`):
-      adds `q_values[b, h, i] - k_values[b, h, j]`; gradients flow to both.
+    difference: optional (q_values `[B|1, T, H]`, k_values `[B|1, T, H]`):
+      adds `q_values[b, i, h] - k_values[b, j, h]`; gradients flow to both.
     window: optional int >= 1: only keys with |i - j| < window are visible.
     attend_current: whether key i is among query i's keys (official default
       False).

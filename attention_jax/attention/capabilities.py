@@ -1,31 +1,36 @@
 """What a kernel can serve and what a call asks, for `dispatch.py`'s table:
 the `Kernel` row's capability columns, the `Request` a call makes, and the
 obstacles of lengths, head dims and structure between the two.
+
+Score specs (`scores.py`) are not columns: a row lists the kinds it takes
+(`accepts`, a set of spec classes) and a request the specs it carries, so a
+new kind of spec adds no column, field or obstacle here.
 """
 
 import dataclasses
 from typing import Callable, Optional
+
+from attention_jax.attention.scores import ScoreSpec
 
 
 @dataclasses.dataclass(frozen=True)
 class Kernel:
   """One row of the table: a run function and what it can serve.
 
-  `run(q, k, v, *, mask, bias, slopes, difference, windows, causal, window,
-  kv_lengths, normalization, q_slots, return_weights, chunk_size,
-  chunked_strategy) -> (out, weights or None)`, mask and bias rank 4 or
-  None, slopes a tuple `[H]` or None, difference a `DifferenceBias` or None,
-  windows a `WindowBias` or None,
-  normalization None (softmax) or a `StickBreaking`, q_slots int `[T_q]` or
-  None (stick-breaking over a cache).
+  `run(q, k, v, *, mask, scores, causal, window, kv_lengths, normalization,
+  q_slots, return_weights, chunk_size, chunked_strategy) -> (out, weights or
+  None)`, mask rank 4 or None, scores a tuple of score specs (`scores.py`),
+  each of a class in `accepts` (the call's `bias=` array is a `DenseBias`
+  among them), normalization None (softmax) or a `StickBreaking`, q_slots
+  int `[T_q]` or None (stick-breaking over a cache).
   """
   run: Callable
   weights: bool  # can return the attention weights
   dense_mask: bool  # takes an arbitrary boolean mask
-  dense_bias: bool  # takes an arbitrary additive bias
-  linear_bias: bool  # takes a `LinearBias` (slopes)
-  difference_bias: bool = False  # takes a `DifferenceBias` (q_values - k_values)
-  window_bias: bool = False  # takes a `WindowBias` (per-head windows on position ids)
+  # The kinds of score spec it takes: their classes or a base of them
+  # (`ScoreSpec`: any kind with a dense form, for a row that materialises);
+  # a row that does not `materialise` takes at most one term of each.
+  accepts: frozenset = frozenset()
   normalizations: tuple[str, ...] = ('softmax',)  # `normalization.NORMALIZATIONS` served
   dtypes: Optional[tuple[str, ...]] = None  # input dtypes served; None: any
   backends: Optional[tuple[str, ...]] = None  # JAX backends; None: any
@@ -38,8 +43,9 @@ class Kernel:
   score_broadcast: bool = True  # takes a mask or bias of size 1 along T_q or T_k
   bias_length_multiple: int = 1  # with a mask or a bias: T_q and T_k multiples of this
   auto_min_keys: int = 0  # 'auto' picks it only from this many keys on
-  # Turns a LinearBias, DifferenceBias or WindowBias into a [T_q, T_k] array
-  # ('auto' prefers a row that builds it block by block or in the kernel).
+  # Turns a compact spec (LinearBias, DifferenceBias, WindowBias) into a
+  # [T_q, T_k] array ('auto' prefers a row that builds it block by block or
+  # in the kernel).
   materialises: bool = False
   # XLA can partition it across a mesh (False: a Pallas custom call, run per
   # device on its share of the batch, `partition.py`).
@@ -48,18 +54,16 @@ class Kernel:
 
 @dataclasses.dataclass(frozen=True)
 class Request:
-  """What a call asks of a kernel, without its arrays. `dense_bias` names
-  where a dense bias comes from (None: there is none); `t_q` None and
-  `v_head_dim` None stand for `t_k` and `head_dim`."""
+  """What a call asks of a kernel. `scores` holds its score specs (the
+  refusals name their kind and origin), or for a question without arrays
+  their classes, e.g. `(LinearBias,)`; `t_q` None and `v_head_dim` None
+  stand for `t_k` and `head_dim`."""
   t_k: int
   dtype: object
   head_dim: int
   return_weights: bool = False
   dense_mask: bool = False
-  dense_bias: Optional[str] = None
-  linear_bias: bool = False
-  difference_bias: bool = False
-  window_bias: bool = False
+  scores: tuple = ()
   normalization: str = 'softmax'
   t_q: Optional[int] = None
   v_head_dim: Optional[int] = None
@@ -69,6 +73,18 @@ class Request:
   gqa: bool = False  # fewer key/value heads than query heads
   score_broadcast: bool = False  # a mask or bias of size 1 along T_q or T_k
   batch: int = 1
+
+
+def kind_of(spec) -> type:
+  """The class of a request's score spec (given as a spec or as its class)."""
+  return spec if isinstance(spec, type) else type(spec)
+
+
+def takes(kernel: Kernel, kind: type) -> bool:
+  """Whether `kernel` takes score specs of class `kind`: a subclass of one
+  of its `accepts`, and for a row that materialises, with a dense form."""
+  return (any(issubclass(kind, a) for a in kernel.accepts)
+          and (not kernel.materialises or kind.dense is not ScoreSpec.dense))
 
 
 def head_dims(rules) -> str:
@@ -95,8 +111,7 @@ def shape_obstacles(kernel: Kernel, request: Request) -> list[str]:
   lengths = f'(got T_q={t_q}, T_k={request.t_k})'
   if t_q % kernel.length_multiple or request.t_k % kernel.length_multiple:
     found.append(f'T_q and T_k multiples of {kernel.length_multiple} {lengths}')
-  scores = (request.dense_mask or request.dense_bias or request.linear_bias
-            or request.difference_bias or request.window_bias)
+  scores = request.dense_mask or request.scores
   step = kernel.bias_length_multiple
   if scores and (t_q % step or request.t_k % step):
     found.append(f'with a mask or bias, T_q and T_k multiples of {step} {lengths}')

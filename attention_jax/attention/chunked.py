@@ -47,6 +47,9 @@ from attention_jax.attention.blockwise_stick_breaking import chunked_stick_break
 from attention_jax.attention.blocks import difference_rows
 from attention_jax.attention.blocks import pad_to
 from attention_jax.attention.heads import repeat_kv_heads
+from attention_jax.attention.scores import DifferenceBias
+from attention_jax.attention.scores import LinearBias
+from attention_jax.attention.scores import one_of_each
 
 STRATEGIES = ('scan', 'unrolled', 'auto')
 # 'auto' unrolls up to this many queries and keys: the length up to which
@@ -133,9 +136,9 @@ def chunked_attention(
       padding. A query with no key left gets a zero output (and zero grads).
     alibi_slopes: optional `[H]`: adds ALiBi's `-slope_h · (i - j)` per block
       (treated as constants: no gradient flows to them).
-    difference: optional (q_values `[B|1, H, T_q]`, k_values `[B|1, H, T_k]`):
-      adds `q_values[b, h, i] - k_values[b, h, j]` per block (a
-      `scores.DifferenceBias`); gradients flow to both.
+    difference: optional (q_values `[B|1, T_q, H]`, k_values `[B|1, T_k, H]`):
+      adds `q_values[b, i, h] - k_values[b, j, h]` per block (a
+      `scores.DifferenceBias`'s values); gradients flow to both.
     window: optional int >= 1: query i attends only to keys j with
       |i - j| < window (indices); blocks outside the band are skipped.
     strategy: 'scan' | 'unrolled' | 'auto' (the module docstring).
@@ -196,18 +199,18 @@ def chunked_attention(
   return jnp.transpose(out, (0, 2, 1, 3)).astype(v.dtype)
 
 
-def chunked_kernel(q, k, v, *, mask, bias, slopes, causal, window, kv_lengths,
-                   return_weights, difference=None, windows=None, normalization=None,
-                   q_slots=None, chunk_size=None, chunked_strategy='auto'):
-  """The 'chunked' row of `dispatch.KERNELS`: structure, a linear bias
-  (slopes `[H]`) and a `DifferenceBias` only, no weights; softmax, or
+def chunked_kernel(q, k, v, *, mask, scores, causal, window, kv_lengths, return_weights,
+                   normalization=None, q_slots=None, chunk_size=None,
+                   chunked_strategy='auto'):
+  """The 'chunked' row of `dispatch.KERNELS`: structure, and of the score
+  specs a `LinearBias` and a `DifferenceBias` only, no weights; softmax, or
   stick-breaking (`blockwise_stick_breaking.py`, causal) when normalization
   is a `StickBreaking`. The dispatcher sends nothing else.
   -> (out `[B, T_q, H, D_v]`, None)."""
-  if (mask is not None or bias is not None or windows is not None or return_weights
-      or q_slots is not None):
-    raise ValueError('chunked_kernel takes no dense mask, bias, window bias or q_slots '
-                     'and forms no weights.')
+  if mask is not None or return_weights or q_slots is not None:
+    raise ValueError('chunked_kernel takes no dense mask or q_slots and forms no weights.')
+  linear, difference = one_of_each(scores, (LinearBias, DifferenceBias), 'chunked_kernel')
+  slopes = None if linear is None else linear.slopes
   chunks = {} if chunk_size is None else dict(q_chunk=chunk_size, k_chunk=chunk_size)
   values = None if difference is None else (difference.q_values, difference.k_values)
   if normalization is not None:

@@ -31,20 +31,19 @@ from attention_jax.attention.scores import materialise
 _BIAS_FLOOR = {'float16': -2.0 ** 14, 'bfloat16': -2.0 ** 40}
 
 
-def cudnn_kernel(q, k, v, *, mask, bias, slopes, causal, window, kv_lengths,
-                 return_weights, difference=None, windows=None, normalization=None,
-                 **unused_options):
+def cudnn_kernel(q, k, v, *, mask, scores, causal, window, kv_lengths, return_weights,
+                 normalization=None, **unused_options):
   """q `[B, T_q, H, D]`, k `[B, T_k, H_kv, D]`, v `[B, T_k, H_kv, D_v]`; mask
-  and bias rank 4 or None; slopes `[H]`, difference (a `DifferenceBias`)
-  and windows (a `WindowBias`) or None, all materialised: cuDNN takes a bias
-  array. Softmax only (the dispatcher sends no other normalization). -> (out `[B, T_q, H, D_v]`, None)."""
+  rank 4 or None; scores a tuple of score specs, all materialised: cuDNN
+  takes a bias array. Softmax only (the dispatcher sends no other
+  normalization). -> (out `[B, T_q, H, D_v]`, None)."""
   del unused_options  # other kernels' options (chunk sizes)
   if return_weights or normalization is not None:
     raise ValueError('cudnn_kernel forms no weights and runs softmax attention only.')
   if window is not None and not causal:
     raise ValueError(f'cudnn_kernel: window={window} needs causal=True (cuDNN has no '
                      'right-hand window).')
-  bias = materialise(bias, slopes, q.shape[1], k.shape[1], difference, windows)
+  bias = materialise(scores, q.shape[1], k.shape[1])
   if bias is not None:
     floor = _BIAS_FLOOR.get(jnp.dtype(q.dtype).name, -jnp.inf)
     bias = jnp.maximum(bias, floor).astype(q.dtype)

@@ -115,19 +115,18 @@ def multi_head_attention(
                    name='multi_head_attention')
 
 
-def dense_kernel(q, k, v, *, mask, bias, slopes, causal, window, kv_lengths,
-                 return_weights, difference=None, windows=None, normalization=None,
-                 q_slots=None, **unused_options):
-  """The 'dense' row of `dispatch.KERNELS`: structure, linear, difference
-  and window biases materialised, then `multi_head_attention` (softmax) or
-  `stick_breaking_attention` (normalization a `StickBreaking`). Shapes as
-  there; mask and bias rank 4 or None, slopes `[H]` or None.
+def dense_kernel(q, k, v, *, mask, scores, causal, window, kv_lengths, return_weights,
+                 normalization=None, q_slots=None, **unused_options):
+  """The 'dense' row of `dispatch.KERNELS`: structure, and the score specs
+  (a tuple, any kind with a dense form) materialised, then
+  `multi_head_attention` (softmax) or `stick_breaking_attention`
+  (normalization a `StickBreaking`). Shapes as there; mask rank 4 or None.
   -> (out, weights or None)."""
   del unused_options  # other kernels' options (chunk sizes)
   t_q, t_k = q.shape[1], k.shape[1]
   mask = combine_masks(mask, structural_mask(t_q, t_k, causal=causal, window=window,
                                              kv_lengths=kv_lengths))
-  bias = materialise(bias, slopes, t_q, t_k, difference, windows)
+  bias = materialise(scores, t_q, t_k)
   if normalization is None:
     out, weights = multi_head_attention(q, k, v, mask=mask, bias=bias)
   else:

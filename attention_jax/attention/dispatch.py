@@ -1,11 +1,17 @@
 """The one entry point of multi-head attention: validates a call, picks the
 kernel once from a table of what each kernel can serve, and hands it the
-masks and bias in the form it takes.
+mask and the call's score specs whole.
 
 `KERNELS` maps a name to a `Kernel` row: its run function (in its own file)
-and its capabilities. 'auto' takes the first row, in table order, that can
-serve the call; naming a kernel that cannot is an error listing every
-obstacle. A new kernel is one file with its run function and one row here.
+and its capabilities, among them the kinds of score spec it takes
+(`accepts`). 'auto' takes the first row, in table order, that can serve the
+call; naming a kernel that cannot is an error listing every obstacle (a
+spec of a kind the row does not take is named with the rows that do). A new
+kernel is one file with its run function and one row here (or
+`register_kernel` from outside the package). A new kind of score spec is a
+`scores.ScoreSpec` subclass: with a dense form, the rows that materialise
+(`ANY_SPEC`) take it as it is; a row that builds it its own way names it in
+its `accepts`.
 
 * 'cudnn'   (`cudnn.py`): the fused GPU kernel; half precision; no weights;
   softmax only; windows causal only; a mask or bias of full T_q × T_k, with
@@ -41,6 +47,8 @@ import jax.numpy as jnp
 
 from attention_jax.attention.capabilities import Kernel
 from attention_jax.attention.capabilities import Request
+from attention_jax.attention.capabilities import kind_of
+from attention_jax.attention.capabilities import takes
 from attention_jax.attention.capabilities import shape_obstacles
 from attention_jax.attention.chunked import STRATEGIES
 from attention_jax.attention.chunked import chunked_kernel
@@ -60,7 +68,10 @@ from attention_jax.attention.scores import DifferenceBias
 from attention_jax.attention.scores import LinearBias
 from attention_jax.attention.scores import NoBias
 from attention_jax.attention.scores import ScoreBias
+from attention_jax.attention.scores import ScoreSpec
 from attention_jax.attention.scores import WindowBias
+from attention_jax.attention.scores import as_terms
+from attention_jax.attention.scores import describe
 from attention_jax.attention.splash import LENGTH_MULTIPLE
 from attention_jax.attention.splash import splash_kernel
 from attention_jax.attention.tpu_flash import tpu_flash_kernel
@@ -70,46 +81,72 @@ from attention_jax.attention.tpu_flash import tpu_flash_kernel
 AUTO_CHUNKED_MIN_KEYS = 256
 
 
+# The kinds of score spec a row takes (`Kernel.accepts`): ANY_SPEC, every
+# kind with a dense form (the rows that materialise them, `scores.materialise`).
+ANY_SPEC = frozenset({ScoreSpec})
+COMPACT_SPECS = frozenset({LinearBias, DifferenceBias, WindowBias})
+
 KERNELS = {
-    'cudnn': Kernel(cudnn_kernel, weights=False, dense_mask=True, dense_bias=True,
-                    linear_bias=True, difference_bias=True, window_bias=True,
+    'cudnn': Kernel(cudnn_kernel, weights=False, dense_mask=True, accepts=ANY_SPEC,
                     dtypes=('float16', 'bfloat16'), backends=('gpu',), head_dim=((8, 128),),
                     value_dim=False, window='left', score_broadcast=False,
                     bias_length_multiple=2, materialises=True),
-    'splash': Kernel(splash_kernel, weights=False, dense_mask=False, dense_bias=False,
-                     linear_bias=False, dtypes=('float32', 'bfloat16'), backends=('tpu',),
+    'splash': Kernel(splash_kernel, weights=False, dense_mask=False,
+                     dtypes=('float32', 'bfloat16'), backends=('tpu',),
                      length_multiple=LENGTH_MULTIPLE, partitionable=False),
-    'pallas_tpu': Kernel(pallas_tpu_kernel, weights=False, dense_mask=False, dense_bias=False,
-                         linear_bias=True, difference_bias=True, window_bias=True,
-                         dtypes=('float32', 'bfloat16'), backends=('tpu',),
-                         partitionable=False),
-    'pallas_gpu': Kernel(pallas_gpu_kernel, weights=False, dense_mask=False, dense_bias=False,
-                         linear_bias=True, difference_bias=True, window_bias=True,
-                         dtypes=('float32', 'bfloat16', 'float16'), backends=('gpu',),
-                         partitionable=False),
-    'chunked': Kernel(chunked_kernel, weights=False, dense_mask=False, dense_bias=False,
-                      linear_bias=True, difference_bias=True,
+    'pallas_tpu': Kernel(pallas_tpu_kernel, weights=False, dense_mask=False,
+                         accepts=COMPACT_SPECS, dtypes=('float32', 'bfloat16'),
+                         backends=('tpu',), partitionable=False),
+    'pallas_gpu': Kernel(pallas_gpu_kernel, weights=False, dense_mask=False,
+                         accepts=COMPACT_SPECS, dtypes=('float32', 'bfloat16', 'float16'),
+                         backends=('gpu',), partitionable=False),
+    'chunked': Kernel(chunked_kernel, weights=False, dense_mask=False,
+                      accepts=frozenset({LinearBias, DifferenceBias}),
                       normalizations=('softmax', 'stick_breaking'),
                       auto_min_keys=AUTO_CHUNKED_MIN_KEYS),
-    'tpu_flash': Kernel(tpu_flash_kernel, weights=False, dense_mask=False, dense_bias=True,
-                        linear_bias=True, difference_bias=True, window_bias=True,
+    'tpu_flash': Kernel(tpu_flash_kernel, weights=False, dense_mask=False, accepts=ANY_SPEC,
                         dtypes=('float32', 'bfloat16'), backends=('tpu',),
                         head_dim=((1, 128), (128, None)), value_dim=False, window='none',
                         length_multiple=LENGTH_MULTIPLE, materialises=True,
                         partitionable=False),
-    'dense': Kernel(dense_kernel, weights=True, dense_mask=True, dense_bias=True,
-                    linear_bias=True, difference_bias=True, window_bias=True,
+    'dense': Kernel(dense_kernel, weights=True, dense_mask=True, accepts=ANY_SPEC,
                     normalizations=('softmax', 'stick_breaking'), materialises=True),
 }
+# The built-in implementations; `implementations()` adds registered ones.
 IMPLEMENTATIONS = (*KERNELS, 'auto')
+
+
+def implementations() -> tuple[str, ...]:
+  """Every kernel name `implementation=` takes now, and 'auto'."""
+  return (*KERNELS, 'auto')
+
+
+def register_kernel(name: str, kernel: Kernel, *, before: Optional[str] = None) -> None:
+  """Adds a row to `KERNELS` (last, or just before row `before`: 'auto'
+  tries rows in order), e.g. a kernel of your own that takes a kind of score
+  spec of your own (`Kernel(run, ..., accepts=frozenset({MySpec}))`)."""
+  if not isinstance(name, str) or name in implementations():
+    raise ValueError(f'register_kernel: name={name!r} must be a new string (taken: '
+                     f'{implementations()}).')
+  if not isinstance(kernel, Kernel):
+    raise TypeError(f'register_kernel: kernel must be a Kernel row, got '
+                    f'{type(kernel).__name__}.')
+  if before is not None and before not in KERNELS:
+    raise ValueError(f'register_kernel: before={before!r}; choose one of {tuple(KERNELS)}.')
+  rows = list(KERNELS.items())
+  at = len(rows) if before is None else list(KERNELS).index(before)
+  rows.insert(at, (name, kernel))
+  KERNELS.clear()
+  KERNELS.update(rows)
 
 
 def check_options(implementation: str = 'auto', chunked_strategy: str = 'auto',
                   chunk_size: Optional[int] = None, window: Optional[int] = None) -> None:
   """Refuses unknown options, whichever kernel would run (modules call it at
   construction, `scaled_dot_product_attention` at every call)."""
-  if implementation not in IMPLEMENTATIONS:
-    raise ValueError(f'implementation={implementation!r}; choose one of {IMPLEMENTATIONS}.')
+  if implementation not in implementations():
+    raise ValueError(f'implementation={implementation!r}; choose one of '
+                     f'{implementations()}.')
   if chunked_strategy not in STRATEGIES:
     raise ValueError(f'chunked_strategy={chunked_strategy!r}; choose one of {STRATEGIES}.')
   if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
@@ -134,14 +171,7 @@ def obstacles(name: str, request: Request, backend: Optional[str] = None) -> lis
         repr(n) for n, k in KERNELS.items() if k.weights) + ' forms the weights)')
   if request.dense_mask and not kernel.dense_mask:
     found.append('a dense mask (give causal=, window= or kv_lengths= instead)')
-  if request.dense_bias and not kernel.dense_bias:
-    found.append(request.dense_bias)
-  if request.linear_bias and not kernel.linear_bias:
-    found.append('a linear bias (ALiBi slopes)')
-  if request.difference_bias and not kernel.difference_bias:
-    found.append('a difference bias (forgetting attention\'s gates)')
-  if request.window_bias and not kernel.window_bias:
-    found.append('a window bias (per-head windows on position ids)')
+  found += score_obstacles(kernel, request)
   if request.normalization not in kernel.normalizations:
     found.append(f'normalization={request.normalization!r} (it serves '
                  f'{", ".join(kernel.normalizations)})')
@@ -157,13 +187,35 @@ def obstacles(name: str, request: Request, backend: Optional[str] = None) -> lis
   return found
 
 
+def takers(kind: type) -> str:
+  """The rows that take score specs of class `kind`, for a refusal."""
+  names = [repr(n) for n, k in KERNELS.items() if takes(k, kind)]
+  return (', '.join(names) + (' takes' if len(names) == 1 else ' take') + ' it' if names
+          else 'no kernel takes it: register one that does (register_kernel)')
+
+
+def score_obstacles(kernel: Kernel, request: Request) -> list[str]:
+  """The call's score specs of a kind `kernel` does not take, each named with
+  the rows that do; and for a row that builds each kind itself (not
+  `materialises`), a kind given twice."""
+  found, kinds = [], [kind_of(s) for s in request.scores]
+  for spec, kind in zip(request.scores, kinds):
+    if not takes(kernel, kind):
+      found.append(f'{describe(spec)} [{kind.__name__}: {takers(kind)}]')
+  twice = sorted({k.__name__ for k in kinds if kinds.count(k) > 1 and takes(kernel, k)})
+  if twice and not kernel.materialises:
+    found.append(f'more than one {" or ".join(twice)} (it builds one of each kind)')
+  return found
+
+
 def select_implementation(requested: str, request: Request,
                           backend: Optional[str] = None) -> str:
   """The kernel a call runs on: `requested` itself when it can serve the call
   (else an error naming every obstacle), or for 'auto' the first row of
   `KERNELS` that can and whose `auto_min_keys` the call reaches, preferring
-  for a call with a bias spec (linear, difference, windows) a row that does
-  not materialise it: O(T) memory wherever a backend has such a row."""
+  for a call with a compact score spec (`ScoreSpec.compact`: linear,
+  difference, windows) a row that does not materialise it: O(T) memory
+  wherever a backend has such a row."""
   check_options(requested)
   if requested != 'auto':
     found = obstacles(requested, request, backend)
@@ -172,7 +224,7 @@ def select_implementation(requested: str, request: Request,
                        + '; '.join(found) + ". Use 'dense' or 'auto'.")
     return requested
   refusals = {name: obstacles(name, request, backend) for name in KERNELS}
-  spec = request.linear_bias or request.difference_bias or request.window_bias
+  spec = any(kind_of(s).compact for s in request.scores)
   for avoid_materialising in ((True, False) if spec else (False,)):
     for name, kernel in KERNELS.items():
       if (not refusals[name] and request.t_k >= kernel.auto_min_keys
@@ -180,40 +232,6 @@ def select_implementation(requested: str, request: Request,
         return name
   raise ValueError('no kernel can serve this call: ' + ' | '.join(
       f'{n}: ' + '; '.join(f) for n, f in refusals.items() if f) + '.')
-
-
-def _split_score_bias(score_bias: ScoreBias):
-  """-> (dense bias rank 4 or None, its origin, slopes or None, difference or
-  None, windows or None)."""
-  if isinstance(score_bias, NoBias):
-    return None, None, None, None, None
-  if isinstance(score_bias, LinearBias):
-    return None, None, score_bias.slopes, None, None
-  if isinstance(score_bias, DifferenceBias):
-    return None, None, None, score_bias, None
-  if isinstance(score_bias, WindowBias):
-    return None, None, None, None, score_bias
-  if isinstance(score_bias, DenseBias):
-    return score_bias.bias.astype(jnp.float32), score_bias.origin, None, None, None
-  raise TypeError(f'score_bias must be NoBias, LinearBias, DifferenceBias, WindowBias or '
-                  f'DenseBias, got {type(score_bias).__name__}.')
-
-
-def _check_windows(windows: WindowBias, b: int, h: int, t_q: int, t_k: int):
-  q, k = windows.positions(t_q, t_k)
-  if (windows.num_heads != h or q.shape[0] not in (1, b) or k.shape[0] not in (1, b)
-      or q.shape[1] != t_q or k.shape[1] != t_k):
-    raise ValueError(f'a WindowBias of {windows.num_heads} heads and positions {q.shape}, '
-                     f'{k.shape} (from {windows.origin}) for B={b}, H={h}, T_q={t_q}, '
-                     f'T_k={t_k}: need one window per head and [B|1, T_q], [B|1, T_k].')
-
-
-def _check_difference(difference: DifferenceBias, b: int, h: int, t_q: int, t_k: int):
-  q, k = jnp.shape(difference.q_values), jnp.shape(difference.k_values)
-  if q[0] not in (1, b) or k[0] not in (1, b) or q[1] != h or q[2] != t_q or k[2] != t_k:
-    raise ValueError(f'a DifferenceBias of q_values {q} and k_values {k} (from '
-                     f'{difference.origin}) for B={b}, H={h}, T_q={t_q}, T_k={t_k}: need '
-                     f'[B|1, H, T_q] and [B|1, H, T_k].')
 
 
 def scaled_dot_product_attention(
@@ -231,10 +249,11 @@ def scaled_dot_product_attention(
     mask: boolean `[T_q, T_k]` or `[B|1, H|1, T_q, T_k]`, True = attend
       (rank 3 is ambiguous and refused).
     bias: additive, `[T_q, T_k]` or `[B|1, H|1, T_q, T_k]`.
-    score_bias: an encoding's contribution (`scores.py`): `NoBias()`,
-      `LinearBias(slopes)`, `DifferenceBias(q_values, k_values)`,
-      `WindowBias(lows, highs, q_positions, k_positions)` or `DenseBias(bias)`;
-      added to `bias`.
+    score_bias: an encoding's contribution (`scores.py`): `NoBias()` (or
+      None), one spec (`LinearBias(slopes)`, `DifferenceBias(q_values,
+      k_values)`, `WindowBias(lows, highs, q_positions, k_positions)`,
+      `DenseBias(bias)` or a `ScoreSpec` kind of your own) or a tuple of
+      them; added to `bias`.
     causal: query i attends to keys j <= i (needs T_q == T_k).
     kv_lengths: int `[B]`: keys at index >= kv_lengths[b] are padding.
     window: query i attends to keys with |i - j| < window.
@@ -262,37 +281,29 @@ def scaled_dot_product_attention(
   if causal and t_q != t_k:
     raise ValueError(f'causal=True needs T_q == T_k, got {t_q} and {t_k}.')
   mask, bias = as_rank4('mask', mask), as_rank4('bias', bias)
-  enc_bias, origin, slopes, difference, windows = _split_score_bias(score_bias)
-  if slopes is not None and len(slopes) != q.shape[2]:
-    raise ValueError(f'a LinearBias of {len(slopes)} slopes for {q.shape[2]} heads.')
-  if difference is not None:
-    _check_difference(difference, q.shape[0], q.shape[2], t_q, t_k)
-  if windows is not None:
-    _check_windows(windows, q.shape[0], q.shape[2], t_q, t_k)
+  scores = ((() if bias is None else (DenseBias(bias, origin='the bias= argument'),))
+            + as_terms(score_bias))
+  for term in scores:
+    term.check(q.shape[0], q.shape[2], t_q, t_k)
   norm = as_normalization(normalization)
   if norm is not None and not causal and q_slots is None:
     raise ValueError('stick-breaking attention reads the keys before each query: it needs '
                      'causal=True, or q_slots (each query\'s key index) with a mask.')
-  origins = [o for o, b in (('a dense bias array', bias), (origin, enc_bias)) if b is not None]
+  broadcast = ((mask is not None and mask.shape[-2:] != (t_q, t_k))
+               or any(term.broadcasts(t_q, t_k) for term in scores))
   request = Request(t_k=t_k, dtype=q.dtype, head_dim=q.shape[-1],
                     return_weights=return_weights, dense_mask=mask is not None,
-                    dense_bias='; '.join(origins) or None, linear_bias=slopes is not None,
-                    difference_bias=difference is not None,
-                    window_bias=windows is not None, normalization=name_of(norm),
+                    scores=scores, normalization=name_of(norm),
                     t_q=t_q, v_head_dim=v.shape[-1], causal=causal, window=window,
                     kv_lengths=kv_lengths is not None, gqa=k.shape[2] < q.shape[2],
-                    score_broadcast=any(x is not None and x.shape[-2:] != (t_q, t_k)
-                                        for x in (mask, bias, enc_bias)),
-                    batch=q.shape[0])
+                    score_broadcast=broadcast, batch=q.shape[0])
   name = select_implementation(implementation, request)
-  if enc_bias is not None:
-    bias = enc_bias if bias is None else bias.astype(jnp.float32) + enc_bias
   kernel, mesh = KERNELS[name], context_mesh()
   run = kernel.run
   if mesh is not None and not kernel.partitionable:  # a custom call: per device
     run = lambda *a, **kw: per_device(kernel.run, mesh, *a, **kw)
   out, weights = run(
-      q, k, v, mask=mask, bias=bias, slopes=slopes, difference=difference, windows=windows,
+      q, k, v, mask=mask, scores=scores,
       causal=causal, window=window, kv_lengths=kv_lengths, normalization=norm,
       q_slots=q_slots, return_weights=return_weights, chunk_size=chunk_size,
       chunked_strategy=chunked_strategy)

@@ -27,8 +27,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from attention_jax.attention.scores import DifferenceBias
+from attention_jax.attention.scores import LinearBias
 from attention_jax.attention.scores import MASK_VALUE
 from attention_jax.attention.scores import WindowBias
+from attention_jax.attention.scores import one_of_each
 
 # The bounds of a head without a window: far outside any i - j of int32 ids.
 UNBOUNDED = 2 ** 30
@@ -61,12 +63,12 @@ def head_scalars(num_heads: int, slopes, windows: Optional[WindowBias]):
 
 
 def row_values(difference: Optional[DifferenceBias], b: int, h: int, t_q: int, t_k: int):
-  """float32 (q_values `[B, H, T_q]`, k_values `[B, H, T_k]`) or (None, None)."""
+  """float32 (q_values `[B, H, T_q]`, k_values `[B, H, T_k]`), heads first
+  (from the spec's `[B|1, T, H]`), or (None, None)."""
   if difference is None:
     return None, None
-  q = jnp.broadcast_to(jnp.asarray(difference.q_values, jnp.float32), (b, h, t_q))
-  k = jnp.broadcast_to(jnp.asarray(difference.k_values, jnp.float32), (b, h, t_k))
-  return q, k
+  q, k = difference.heads_first()
+  return jnp.broadcast_to(q, (b, h, t_q)), jnp.broadcast_to(k, (b, h, t_k))
 
 
 def row_positions(windows: Optional[WindowBias], b: int, t_q: int, t_k: int):
@@ -162,18 +164,22 @@ def iota(shape, dimension: int, start):
 def kernel_run(attention, name: str):
   """The `dispatch.KERNELS` run function of a Pallas kernel `attention(q, k,
   v, *, causal, kv_lengths, window, alibi_slopes, difference, windows)`:
-  structure, linear, difference and window biases, all built in the kernel;
-  softmax; no dense mask or bias, no weights (the dispatcher sends nothing
-  else). -> (out `[B, T_q, H, D_v]`, None)."""
+  structure, and of the score specs one each of `LinearBias`,
+  `DifferenceBias` and `WindowBias`, all built in the kernel; softmax; no
+  dense mask or bias, no weights (the dispatcher sends nothing else).
+  -> (out `[B, T_q, H, D_v]`, None)."""
 
-  def run(q, k, v, *, mask, bias, slopes, causal, window, kv_lengths, return_weights,
-          difference=None, windows=None, normalization=None, **unused_options):
+  def run(q, k, v, *, mask, scores, causal, window, kv_lengths, return_weights,
+          normalization=None, **unused_options):
     del unused_options  # other kernels' options (chunk sizes)
-    if mask is not None or bias is not None or return_weights or normalization is not None:
-      raise ValueError(f'{name} takes no dense mask or bias, forms no weights and runs '
-                       'softmax attention only.')
+    if mask is not None or return_weights or normalization is not None:
+      raise ValueError(f'{name} takes no dense mask, forms no weights and runs softmax '
+                       'attention only.')
+    linear, difference, windows = one_of_each(
+        scores, (LinearBias, DifferenceBias, WindowBias), name)
     out = attention(q, k, v, causal=causal, kv_lengths=kv_lengths, window=window,
-                    alibi_slopes=slopes, difference=difference, windows=windows)
+                    alibi_slopes=None if linear is None else linear.slopes,
+                    difference=difference, windows=windows)
     return out, None
 
   run.__name__, run.__module__ = name, attention.__module__

@@ -312,7 +312,7 @@ def pallas_gpu_attention(
     kv_lengths: optional int `[B]`: keys at index >= kv_lengths[b] are padding.
     window: optional int >= 1: |i - j| < window.
     alibi_slopes: optional floats `[H]` (static): adds `-slope_h · (i - j)`.
-    difference: optional `DifferenceBias` (`[B|1, H, T_q]`, `[B|1, H, T_k]`):
+    difference: optional `DifferenceBias` (`[B|1, T_q, H]`, `[B|1, T_k, H]`):
       adds `q_values[i] - k_values[j]`, with gradients to both.
     windows: optional `WindowBias`: per-head windows on position ids.
     interpret: run in Pallas' interpret mode (CPU tests).

@@ -10,14 +10,16 @@ the mesh's axes, everything else whole. Attention never mixes examples, so
 this is exact; it needs the batch to be a multiple of the mesh's size.
 
 The kernels' own arrays are the ones split: q, k, v, kv_lengths, a dense
-mask or bias, a `DifferenceBias`'s values and a `WindowBias`'s ids, each
-when it has the batch axis (a size-1 batch axis is shared).
+mask, and the array fields of every score spec (a `DenseBias`'s bias, a
+`DifferenceBias`'s values, a `WindowBias`'s ids, any kind's), each when it
+has the batch axis (a size-1 batch axis is shared).
 """
 
 import dataclasses
 from typing import Callable, Optional
 
 import jax
+import numpy as np
 from jax.sharding import PartitionSpec as P
 
 
@@ -35,34 +37,32 @@ def batch_obstacle(batch: int, mesh) -> Optional[str]:
           'a batch that is a multiple of the mesh size)')
 
 
-def per_device(run: Callable, mesh, q, k, v, *, kv_lengths, mask, bias, difference,
-               windows, **options):
+def spec_arrays(spec) -> dict:
+  """The array fields of a score spec, by name (None fields left out): the
+  ones with the batch as their leading axis, size B or 1 (`scores.py`)."""
+  return {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)
+          if isinstance(getattr(spec, f.name), (jax.Array, np.ndarray))}
+
+
+def per_device(run: Callable, mesh, q, k, v, *, kv_lengths, mask, scores, **options):
   """`run(q, k, v, ...)` (a `Kernel.run`) on each device's share of the batch
-  of `mesh`; the same arguments and result (out, None)."""
+  of `mesh`; the same arguments and result (out, None). Every score spec's
+  array fields are split along their batch axis (or shared, of size 1)."""
   b = q.shape[0]
   batch = P(tuple(mesh.axis_names))
-  arrays = dict(q=q, k=k, v=v, kv_lengths=kv_lengths, mask=mask, bias=bias)
-  if difference is not None:
-    arrays.update(q_values=difference.q_values, k_values=difference.k_values)
-  if windows is not None:
-    arrays.update(q_positions=windows.q_positions, k_positions=windows.k_positions)
+  arrays = dict(q=q, k=k, v=v, kv_lengths=kv_lengths, mask=mask)
   arrays = {n: x for n, x in arrays.items() if x is not None}
-  specs = {n: batch if x.shape[0] == b else P() for n, x in arrays.items()}
+  arrays['scores'] = [spec_arrays(s) for s in scores]
+  specs = jax.tree.map(lambda x: batch if x.shape[0] == b else P(), arrays)
 
   def local(arrays):
     arrays = dict(arrays)
-    local_difference = local_windows = None
-    if difference is not None:
-      local_difference = dataclasses.replace(difference, q_values=arrays.pop('q_values'),
-                                             k_values=arrays.pop('k_values'))
-    if windows is not None:
-      local_windows = dataclasses.replace(windows, q_positions=arrays.pop('q_positions', None),
-                                          k_positions=arrays.pop('k_positions', None))
+    local_scores = tuple(dataclasses.replace(spec, **local_arrays)
+                         for spec, local_arrays in zip(scores, arrays.pop('scores')))
     arrays.setdefault('kv_lengths', None)
     arrays.setdefault('mask', None)
-    arrays.setdefault('bias', None)
-    out, _ = run(arrays.pop('q'), arrays.pop('k'), arrays.pop('v'), difference=local_difference,
-                 windows=local_windows, **arrays, **options)
+    out, _ = run(arrays.pop('q'), arrays.pop('k'), arrays.pop('v'), scores=local_scores,
+                 **arrays, **options)
     return out
 
   out = jax.shard_map(local, mesh=mesh, in_specs=(specs,), out_specs=batch,

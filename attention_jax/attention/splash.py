@@ -114,19 +114,17 @@ def _splash(t_q: int, t_k: int, heads: int, causal: bool, window: Optional[int],
       q_seq_shards=1, interpret=interpret)
 
 
-def splash_kernel(q, k, v, *, mask, bias, slopes, causal, window, kv_lengths,
-                  return_weights, difference=None, windows=None, normalization=None,
-                  q_slots=None, interpret: bool = False, block_size: Optional[int] = None,
-                  **unused_options):
+def splash_kernel(q, k, v, *, mask, scores, causal, window, kv_lengths, return_weights,
+                  normalization=None, q_slots=None, interpret: bool = False,
+                  block_size: Optional[int] = None, **unused_options):
   """The 'splash' row of `dispatch.KERNELS`: structure only (module
   docstring); the dispatcher sends nothing else. `interpret`: run in Pallas'
   generic interpreter (CPU tests); `block_size`: the query and key tile
   (default: `block_for`). -> (out `[B, T_q, H, D_v]` in v's dtype, None)."""
   del unused_options  # other kernels' options (chunk sizes)
-  if any(x is not None for x in (mask, bias, slopes, difference, windows, normalization,
-                                 q_slots)) or return_weights:
-    raise ValueError('splash_kernel takes no mask, bias or q_slots, forms no weights and '
-                     'runs softmax attention only.')
+  if any(x is not None for x in (mask, normalization, q_slots)) or scores or return_weights:
+    raise ValueError('splash_kernel takes no mask, score spec or q_slots, forms no weights '
+                     'and runs softmax attention only.')
   (b, t_q, h, d), (t_k, h_kv) = q.shape, k.shape[1:3]
   if h % h_kv or v.shape[2] != h_kv:
     raise ValueError(f'incompatible heads: q {q.shape}, k {k.shape}, v {v.shape}; '

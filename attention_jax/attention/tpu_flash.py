@@ -6,8 +6,8 @@ It takes a bias of the full `[B, H, T_q, T_k]` shape (`ab`) and adds it
 before the scale: its scores are `(q kᵀ + ab) · sm_scale`. Ours are
 `q kᵀ / √D + bias`, so it gets `ab = bias · √D` and `sm_scale = 1/√D`
 (q itself is not rounded to a scaled copy). It serves a dense bias (broadcast
-to the full shape in memory), and a linear, difference or window bias
-materialised: O(T²) memory in the bias, where 'chunked' builds a linear or
+to the full shape in memory), and any other score spec (linear, difference,
+windows) materialised: O(T²) memory in the bias, where 'chunked' builds a linear or
 difference bias block by block. Also causal and key padding (as segment
 ids); grouped-query attention by repeating the key/value heads. No window,
 no dense mask, no weights; D_v == D; lengths multiples of 128 (see
@@ -71,13 +71,11 @@ def _flash(q, k, v, ab, segments, *, causal, sm_scale, block_sizes):
                             block_sizes=block_sizes)
 
 
-def tpu_flash_kernel(q, k, v, *, mask, bias, slopes, causal, window, kv_lengths,
-                     return_weights, difference=None, windows=None, normalization=None,
-                     q_slots=None, interpret: bool = False,
+def tpu_flash_kernel(q, k, v, *, mask, scores, causal, window, kv_lengths, return_weights,
+                     normalization=None, q_slots=None, interpret: bool = False,
                      block_size: Optional[int] = None, **unused_options):
-  """The 'tpu_flash' row of `dispatch.KERNELS` (module docstring): bias rank
-  4 or None, slopes `[H]`, difference (a `DifferenceBias`) and windows (a
-  `WindowBias`) or None, all materialised. `interpret`: run in Pallas' TPU
+  """The 'tpu_flash' row of `dispatch.KERNELS` (module docstring): scores a
+  tuple of score specs, all materialised. `interpret`: run in Pallas' TPU
   interpret mode (CPU tests); `block_size`: the query and key tile (default:
   `splash.block_for`). -> (out `[B, T_q, H, D]` in v's dtype, None)."""
   del unused_options  # other kernels' options (chunk sizes)
@@ -89,7 +87,7 @@ def tpu_flash_kernel(q, k, v, *, mask, bias, slopes, causal, window, kv_lengths,
   if v.shape[-1] != d:
     raise ValueError(f'tpu_flash_kernel needs D_v == D, got q {q.shape} and v {v.shape}.')
   k, v = repeat_kv_heads(k, v, h, q.shape)  # gradients sum back over each group
-  bias = materialise(bias, slopes, t_q, t_k, difference, windows)
+  bias = materialise(scores, t_q, t_k)
   if bias is not None:
     bias = jnp.broadcast_to(bias.astype(jnp.float32), (b, h, t_q, t_k))
     bias = jnp.maximum(bias * math.sqrt(d), _BIAS_FLOOR)

@@ -8,9 +8,11 @@ Shapes of a bias, one convention:
   positions `[B, T]`;
 * every encoding's method returns rank 4: `attention_bias(q_positions,
   k_positions)`, where an encoding has one, float32 `[1|B, H, T_q, T_k]` (1
-  for positions `[T]`) or None, and a `DenseBias` from `score_bias` / `score_contribution` holds a
+  for positions `[T]`) or None, and a `DenseBias` from `score_contribution` holds a
   `[1|B, H, T_q, T_k]` array, ready to add to scores `[B, H, T_q, T_k]`;
-  `heads_rank4` turns the first form into the second.
+  `heads_rank4` turns the first form into the second (`dense_spec`, both).
+* per-token arrays are in Flax's order, [batch, length, heads]: FoX's log
+  gates and their cumulative sums `[B, T, H]`, a `DifferenceBias`'s values.
 """
 
 from attention_jax.positional.alibi import ALiBi
@@ -36,6 +38,7 @@ from attention_jax.positional.forgetting import forget_gate_bias
 from attention_jax.positional.forgetting import log_forget_gates
 from attention_jax.positional.hard_alibi import HardALiBi
 from attention_jax.positional.hard_alibi import hard_alibi_bias
+from attention_jax.positional.base import dense_spec
 from attention_jax.positional.base import embedding_only
 from attention_jax.positional.base import heads_rank4
 from attention_jax.positional.learned import Learned

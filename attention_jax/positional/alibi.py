@@ -31,6 +31,7 @@ from attention_jax.attention.scores import is_arange
 from attention_jax.attention.scores import linear_bias
 from attention_jax.attention.scores import relative_distance
 from attention_jax.positional.base import PositionalEncoding
+from attention_jax.positional.base import ScoreContext
 from attention_jax.positional.base import heads_rank4
 
 
@@ -81,9 +82,10 @@ class ALiBi(PositionalEncoding):
     """-> float32 `[1|B, H, T_q, T_k]`."""
     return heads_rank4(alibi_bias_at(self.slopes, q_positions, k_positions, self.causal))
 
-  def score_bias(self, q_positions, k_positions):
+  def score_contribution(self, context: ScoreContext):
     """`LinearBias(slopes)` for the causal bias at positions 0 … T-1 (linear
     in the token indices i - j), else the materialised `DenseBias`."""
+    q_positions, k_positions = context.q_positions, context.k_positions
     if self.causal and is_arange(q_positions) and is_arange(k_positions):
       return LinearBias(self.slopes)
     why = ('bidirectional, -slope·|i - j|, which is not linear in i - j' if not self.causal

@@ -7,21 +7,25 @@ attention code never needs to ask which encoding it is:
   to each token embedding before the first block (`TransformerLM` calls it;
   attention modules refuse an encoding that has only this hook);
 * `rotate_queries_keys` — RoPE rotates q and k inside every attention layer;
-* `score_bias` — relative encodings (ALiBi, T5, KERPLE) add to the attention
-  scores, described as a spec (`attention.scores`: `NoBias`, `LinearBias`,
-  `DenseBias`) so that each attention kernel builds it its own way. Its
-  default wraps `attention_bias`, the dense bias, as a `DenseBias`: a subclass
-  may implement either.
-* `score_contribution(context)` — the general form of the last hook, for
-  contributions that depend on more than positions: a `ScoreContext` holds
-  the call's rotated q and k (CoPE gates on q·k), the encoding's own
-  per-token features of the layer input (`token_features`, e.g. forgetting
-  attention's log forget gates) and the call's structure. By default it is
-  `score_bias(q_positions, k_positions)`.
+* `score_contribution(context)` — the one score hook: what the encoding adds
+  to the scores of one attention call, as a score spec (`attention.scores`:
+  `LinearBias`, `DifferenceBias`, `WindowBias`, `DenseBias`, a `ScoreSpec`
+  kind of one's own, or a tuple of them; `NoBias()` for nothing), so that
+  each attention kernel builds it its own way. A `ScoreContext` holds the
+  call's positions, its rotated q and k (CoPE gates on q·k), the encoding's
+  own per-token features of the layer input (`token_features`, e.g.
+  forgetting attention's log forget gates) and the call's structure.
+  Relative encodings (ALiBi, T5, KERPLE) read only the positions;
+  `dense_spec` wraps a dense bias array as a `DenseBias`.
 * `token_features(x)` — per-token numbers computed from a layer's input
   `[B, T, d_model]` -> float32 `[B, T, F]`, or None. Modules compute them
   for queries and keys, and a key/value cache stores the keys' features next
   to the keys, so cached decoding sees what the full pass sees.
+
+Encodings whose bias depends on positions only also have a method
+`attention_bias(q_positions, k_positions)`, that dense bias itself, for tests
+and plots; attention never calls it (a subclass that defines it, or the old
+`score_bias`, without `score_contribution` is refused when it is defined).
 
 Positions are integer arrays `[T]` (shared by the batch) or `[B, T]`. Modules
 default them to `np.arange(T)`: a static array, so length checks happen at
@@ -39,7 +43,7 @@ from flax import nnx
 
 from attention_jax.attention.scores import DenseBias
 from attention_jax.attention.scores import NoBias
-from attention_jax.attention.scores import ScoreBias
+from attention_jax.attention.scores import ScoreSpec
 
 
 def real_option(encoding: str, name: str, value, *, above=None, at_least=None,
@@ -81,6 +85,8 @@ def flag_option(encoding: str, name: str, value) -> bool:
 @dataclasses.dataclass(frozen=True, eq=False)
 class ScoreContext:
   """What one attention call offers an encoding's `score_contribution`.
+
+  Per-token arrays are in Flax's order, [batch, length, heads, ...].
 
   q: queries `[B, T_q, H, D]`, after `rotate_queries_keys`.
   k: keys `[B, T_k, H_kv, D]`, after it (the whole cache when decoding).
@@ -137,6 +143,19 @@ def heads_rank4(bias: jnp.ndarray) -> jnp.ndarray:
   return bias[None] if bias.ndim == 3 else bias
 
 
+def dense_spec(bias: Optional[jnp.ndarray], origin: str) -> ScoreSpec:
+  """A dense bias `[H, T_q, T_k]` (positions `[T]`) or `[1|B, H, T_q, T_k]`
+  as a float32 `DenseBias` named `origin`; `NoBias()` for None."""
+  if bias is None:
+    return NoBias()
+  return DenseBias(heads_rank4(jnp.asarray(bias, jnp.float32)), origin=origin)
+
+
+def not_linear(encoding) -> str:
+  """The origin of a dense bias that no compact spec describes."""
+  return f'the bias of {type(encoding).__name__}, which is not linear in i - j'
+
+
 def torch_linear_init(key, fan_in: int, shape) -> jnp.ndarray:
   """PyTorch's `nn.Linear` default (weights and biases alike): uniform in
   ±1/√fan_in, so a port of a PyTorch
@@ -173,22 +192,15 @@ class PositionalEncoding(nnx.Module):
     del q_positions, k_positions
     return q, k
 
-  def attention_bias(
-      self, q_positions: jnp.ndarray, k_positions: jnp.ndarray) -> Optional[jnp.ndarray]:
-    """-> float32 bias `[1|B, H, T_q, T_k]` (B when positions are `[B, T]`), or
-    None. (A rank-3 `[H, T_q, T_k]` from a subclass is read as one per head.)"""
-    del q_positions, k_positions
-    return None
-
-  def score_bias(self, q_positions: jnp.ndarray, k_positions: jnp.ndarray) -> ScoreBias:
-    """The contribution to the scores as a spec; by default `attention_bias`
-    as a `DenseBias` (or `NoBias()` when it is None). Override it to return
-    a cheaper spec, e.g. `LinearBias(slopes)` (see `ALiBi`)."""
-    bias = self.attention_bias(q_positions, k_positions)
-    if bias is None:
-      return NoBias()
-    return DenseBias(heads_rank4(jnp.asarray(bias, jnp.float32)),
-                     origin=f'the bias of {type(self).__name__}, which is not linear in i - j')
+  def __init_subclass__(cls, **kwargs):
+    super().__init_subclass__(**kwargs)
+    stale = [h for h in ('attention_bias', 'score_bias') if hasattr(cls, h)]
+    if stale and cls.score_contribution is PositionalEncoding.score_contribution:
+      raise TypeError(
+          f'{cls.__name__} defines {" and ".join(stale)}, which attention does not call: '
+          'the one score hook is score_contribution(context) -> a score spec, e.g. '
+          'dense_spec(self.attention_bias(context.q_positions, context.k_positions), '
+          'origin=...) (positional.base).')
 
   def token_features(self, x: jnp.ndarray) -> Optional[jnp.ndarray]:
     """x `[B, T, d_model]` (a layer's input) -> float32 `[B, T, F]`, or None:
@@ -197,12 +209,11 @@ class PositionalEncoding(nnx.Module):
     del x
     return None
 
-  def score_contribution(self, context: ScoreContext) -> ScoreBias:
-    """What this encoding adds to the scores of one attention call, as a spec
-    (`NoBias`, `LinearBias`, `DifferenceBias`, `DenseBias`). By default the
-    positions-only `score_bias`; override this one when the contribution
-    depends on q, k or `token_features` (CoPE, forgetting attention)."""
-    return self.score_bias(context.q_positions, context.k_positions)
+  def score_contribution(self, context: ScoreContext) -> ScoreSpec:
+    """What this encoding adds to the scores of one attention call, as a
+    score spec or a tuple of them (module docstring); `NoBias()` by default."""
+    del context
+    return NoBias()
 
   def check_position_range(self, lo: int, hi: int, dtype=jnp.float32) -> None:
     """A ValueError naming the limit if this encoding cannot serve positions
@@ -218,8 +229,7 @@ class PositionalEncoding(nnx.Module):
     return bool(hooks_of(type(self)) & ATTENTION_HOOKS)
 
 
-HOOKS = ('add_to_embeddings', 'rotate_queries_keys', 'attention_bias', 'score_bias',
-         'score_contribution', 'token_features')
+HOOKS = ('add_to_embeddings', 'rotate_queries_keys', 'score_contribution', 'token_features')
 ATTENTION_HOOKS = frozenset(HOOKS[1:])
 
 

@@ -72,7 +72,9 @@ from flax import nnx
 from attention_jax.attention.scores import relative_distance
 from attention_jax.positional.base import PositionalEncoding
 from attention_jax.positional.base import torch_linear_init
+from attention_jax.positional.base import dense_spec
 from attention_jax.positional.base import heads_rank4
+from attention_jax.positional.base import not_linear
 from attention_jax.positional.base import real_option
 
 
@@ -159,3 +161,8 @@ class FIRE(PositionalEncoding):
     return heads_rank4(fire_bias(self.w1[...], self.b1[...], self.w2[...], self.b2[...],
                                  self.c[...], self.threshold(), q_positions, k_positions,
                                  self.eps))
+
+  def score_contribution(self, context):
+    """`attention_bias` at the call's positions, as a `DenseBias`."""
+    return dense_spec(self.attention_bias(context.q_positions, context.k_positions),
+                      not_linear(self))

@@ -21,6 +21,10 @@ numbers, which the chunked kernel rebuilds block by block (O(T) memory,
 gradients to both) and the dense kernel materialises. `forget_gate_bias` is
 the dense bias as a pure function, for reference and tests.
 
+Layout: every per-token array (log f, c, the `DifferenceBias` values) is in
+Flax's order `[B, T, H]`, batch, length, heads; only the dense bias is the
+scores' `[B, H, T_q, T_k]`.
+
 Matching the official code. Reference: github.com/zhixuan-lin/forgetting-transformer
 (snapshot 883f260c): the op `src/forgetting_transformer/ops/forgetting_attention.py`
 (last changed in 15ec3008; its reference path is the PyTorch one in `test_op`)
@@ -93,8 +97,8 @@ def log_forget_gates(x: jnp.ndarray, kernel: jnp.ndarray, bias: jnp.ndarray) -> 
 
 
 def cumulative_log_gates(log_fgate: jnp.ndarray) -> jnp.ndarray:
-  """c_t = Σ_{l<=t} log f_l: log_fgate `[B, T, H]` -> float32 `[B, H, T]`."""
-  return jnp.cumsum(jnp.swapaxes(jnp.asarray(log_fgate, jnp.float32), 1, 2), axis=-1)
+  """c_t = Σ_{l<=t} log f_l: log_fgate `[B, T, H]` -> float32 `[B, T, H]`."""
+  return jnp.cumsum(jnp.asarray(log_fgate, jnp.float32), axis=1)
 
 
 def forget_gate_bias(log_fgate: jnp.ndarray, *, cumulative: bool = False) -> jnp.ndarray:
@@ -102,7 +106,7 @@ def forget_gate_bias(log_fgate: jnp.ndarray, *, cumulative: bool = False) -> jnp
 
   Args:
     log_fgate: log forget gates float `[B, T, H]`, or with `cumulative=True`
-      their cumulative sums c `[B, H, T]` (`cumulative_log_gates`).
+      their cumulative sums c `[B, T, H]` (`cumulative_log_gates`).
     cumulative: whether `log_fgate` is already c.
 
   Returns:
@@ -110,10 +114,11 @@ def forget_gate_bias(log_fgate: jnp.ndarray, *, cumulative: bool = False) -> jnp
     (j > i) are −(the sum over i+1 … j), meant to be hidden by a causal mask.
   """
   if jnp.ndim(log_fgate) != 3:
-    raise ValueError(f'fox: forget_gate_bias takes [B, T, H] log gates (or [B, H, T] '
-                     f'cumulative ones), got shape {jnp.shape(log_fgate)}.')
+    raise ValueError(f'fox: forget_gate_bias takes [B, T, H] log gates (or their '
+                     f'cumulative sums, cumulative=True), got shape {jnp.shape(log_fgate)}.')
   c = (jnp.asarray(log_fgate, jnp.float32) if cumulative
        else cumulative_log_gates(log_fgate))
+  c = jnp.swapaxes(c, 1, 2)  # [B, H, T]: the scores' heads-first layout
   return c[..., :, None] - c[..., None, :]
 
 
@@ -187,7 +192,7 @@ class FoX(PositionalEncoding):
     return log_forget_gates(x, self.gate_kernel[...], self.gate_bias[...])
 
   def score_contribution(self, context: ScoreContext) -> DifferenceBias:
-    """`DifferenceBias(c_q [B, H, T_q], c_k [B, H, T_k])`: c the cumulative
+    """`DifferenceBias(c_q [B, T_q, H], c_k [B, T_k, H])`: c the cumulative
     log gates of the keys, c_q their values at the queries' slots."""
     if context.q_slots is None:
       raise ValueError('fox: forgetting attention needs each query\'s place among the keys '
@@ -196,10 +201,10 @@ class FoX(PositionalEncoding):
       raise ValueError('fox: forgetting attention is causal; this call has causal=False.')
     if context.k_features is None:
       raise ValueError('fox: the keys\' log forget gates (k_features) are missing.')
-    c_k = cumulative_log_gates(context.k_features)  # [B, H, T_k]
+    c_k = cumulative_log_gates(context.k_features)  # [B, T_k, H]
     slots = context.q_slots
-    if is_arange(slots) and len(slots) == c_k.shape[-1]:
+    if is_arange(slots) and len(slots) == c_k.shape[1]:
       c_q = c_k  # a full pass: every key is a query
     else:
-      c_q = jnp.take(c_k, jnp.asarray(slots, jnp.int32), axis=-1)
+      c_q = jnp.take(c_k, jnp.asarray(slots, jnp.int32), axis=1)
     return DifferenceBias(c_q, c_k, origin='the forget gates of fox')

@@ -148,7 +148,7 @@ class HardALiBi(PositionalEncoding):
     return heads_rank4(hard_alibi_bias(self.widths, self.num_heads, q_positions, k_positions,
                                        self.causal, self.offsets))
 
-  def score_bias(self, q_positions, k_positions) -> WindowBias:
+  def score_contribution(self, context) -> WindowBias:
     """`attention_bias` as a `WindowBias` (O(T) integers, so that a kernel
     can build the windows itself): 0 <= p_i - p_j < w_h causally, |p_i - p_j|
     < w_h otherwise, no bounds for the free heads."""
@@ -156,5 +156,5 @@ class HardALiBi(PositionalEncoding):
     highs = tuple(o + w - 1 for o, w in zip(self.offsets, self.widths)) + free
     lows = tuple(o if self.causal else -h
                  for o, h in zip(self.offsets, highs[:len(self.widths)])) + free
-    return WindowBias(lows, highs, q_positions, k_positions,
+    return WindowBias(lows, highs, context.q_positions, context.k_positions,
                       origin='the windows of hard_alibi')

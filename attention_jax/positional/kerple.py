@@ -14,7 +14,9 @@ from flax import nnx
 
 from attention_jax.attention.scores import relative_distance
 from attention_jax.positional.base import PositionalEncoding
+from attention_jax.positional.base import dense_spec
 from attention_jax.positional.base import heads_rank4
+from attention_jax.positional.base import not_linear
 
 _SOFTPLUS_INVERSE_OF_ONE = float(np.log(np.expm1(1.0)))
 
@@ -47,3 +49,8 @@ class KERPLE(PositionalEncoding):
     return heads_rank4(kerple_log_bias(jax.nn.softplus(self.raw_r1[...]),
                                        jax.nn.softplus(self.raw_r2[...]),
                                        q_positions, k_positions))
+
+  def score_contribution(self, context):
+    """`attention_bias` at the call's positions, as a `DenseBias`."""
+    return dense_spec(self.attention_bias(context.q_positions, context.k_positions),
+                      not_linear(self))

@@ -34,6 +34,8 @@ from flax import nnx
 
 from attention_jax.positional.base import PositionalEncoding
 from attention_jax.positional.base import heads_rank4
+from attention_jax.positional.base import dense_spec
+from attention_jax.positional.base import not_linear
 from attention_jax.positional.hard_alibi import check_windows
 from attention_jax.attention.scores import relative_distance
 
@@ -99,3 +101,8 @@ class LearnedWindow(PositionalEncoding):
     """-> float32 `[1|B, H, T_q, T_k]` (the package's rank-4 convention)."""
     return heads_rank4(learned_window_bias(self.widths(), self.temperatures(), self.num_heads,
                                            q_positions, k_positions, self.causal))
+
+  def score_contribution(self, context):
+    """`attention_bias` at the call's positions, as a `DenseBias`."""
+    return dense_spec(self.attention_bias(context.q_positions, context.k_positions),
+                      not_linear(self))

@@ -16,8 +16,10 @@ from flax import nnx
 
 from attention_jax.attention.scores import relative_distance
 from attention_jax.positional.base import PositionalEncoding
+from attention_jax.positional.base import dense_spec
 from attention_jax.positional.base import heads_rank4
 from attention_jax.positional.base import integer_option
+from attention_jax.positional.base import not_linear
 
 
 def relative_position_bucket(q_positions, k_positions, *, causal: bool = True,
@@ -73,3 +75,8 @@ class T5RelativeBias(PositionalEncoding):
         max_distance=self.max_distance)
     bias = jnp.take(self.table[...].astype(jnp.float32), buckets, axis=0)  # [..., Tq, Tk, H]
     return heads_rank4(jnp.moveaxis(bias, -1, -3))  # [1|B, H, Tq, Tk]
+
+  def score_contribution(self, context):
+    """`attention_bias` at the call's positions, as a `DenseBias`."""
+    return dense_spec(self.attention_bias(context.q_positions, context.k_positions),
+                      not_linear(self))

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attention_jax.attention import MASK_VALUE
+from attention_jax.attention.scores import NoBias
 from attention_jax.attention.scores import WindowBias
 from attention_jax.attention.scores import relative_distance
 from attention_jax.positional.base import flag_option
@@ -115,12 +116,12 @@ class WindowedRoPE(RoPE):
     return heads_rank4(windowed_bias(self.windows, self.num_heads, q_positions, k_positions,
                                      self.sink))
 
-  def score_bias(self, q_positions, k_positions):
+  def score_contribution(self, context):
     """`attention_bias` as a `WindowBias` (|p_i - p_j| <= w_h, the sink at id
     0, no bounds for the plain heads), or `NoBias()` with no windowed head."""
     if not self.windows:
-      return super().score_bias(q_positions, k_positions)
+      return NoBias()
     free = (None,) * (self.num_heads - len(self.windows))
     return WindowBias(tuple(-w for w in self.windows) + free, self.windows + free,
-                      q_positions, k_positions, sink=self.sink,
+                      context.q_positions, context.k_positions, sink=self.sink,
                       origin='the windows of windowed_rope')

@@ -191,7 +191,8 @@ class ModuleImplementationTest(parameterized.TestCase):
       alibi(x)
     causal_alibi = aj.MultiHeadAttention(16, 2, causal=True, encoding='alibi',
                                          implementation='chunked', rngs=nnx.Rngs(0))
-    with self.assertRaisesRegex(ValueError, 'return_weights=True .*; the bias of ALiBi '
+    with self.assertRaisesRegex(ValueError, 'return_weights=True .*; a dense bias from the bias '
+                                'of ALiBi '
                                 r'\(at positions other than the default 0 … T-1'):
       causal_alibi(x, positions=np.arange(8) + 5, return_weights=True)
     with self.assertRaisesRegex(ValueError, "implementation='flash'"):

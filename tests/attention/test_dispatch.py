@@ -18,6 +18,8 @@ from attention_jax.attention import scaled_dot_product_attention
 from attention_jax.attention import select_implementation
 
 CALL = dict(dtype=jnp.bfloat16, head_dim=64)
+T5 = aj.DenseBias(jnp.zeros((1, 1, 1, 1)),
+                  'the bias of T5RelativeBias, which is not linear in i - j')
 
 
 def _select(requested, t_k, backend='cpu', **kw):
@@ -29,16 +31,15 @@ class SelectTest(parameterized.TestCase):
   @parameterized.parameters(16, 255, 256, 65536)
   def test_auto_on_cpu_never_picks_cudnn(self, t_k):
     for dtype in (jnp.float32, jnp.bfloat16):
-      got = _select('auto', t_k, dtype=dtype, linear_bias=True)
+      got = _select('auto', t_k, dtype=dtype, scores=(aj.LinearBias,))
       self.assertEqual(got, 'chunked' if t_k >= 256 else 'dense')
 
   def test_auto_on_gpu_picks_cudnn_when_it_can(self):
     self.assertEqual(_select('auto', 64, backend='gpu'), 'cudnn')
     self.assertEqual(_select('auto', 4096, backend='gpu', dtype=jnp.float32), 'pallas_gpu')
     self.assertEqual(_select('auto', 4096, backend='gpu', return_weights=True), 'dense')
-    bias = 'the bias of T5RelativeBias, which is not linear in i - j'
-    self.assertEqual(_select('auto', 4096, backend='gpu', dense_bias=bias), 'cudnn')
-    self.assertEqual(_select('auto', 4096, dense_bias=bias), 'dense')
+    self.assertEqual(_select('auto', 4096, backend='gpu', scores=(T5,)), 'cudnn')
+    self.assertEqual(_select('auto', 4096, scores=(T5,)), 'dense')
 
   def test_refusals_name_every_obstacle(self):
     with self.assertRaisesRegex(ValueError, r"'cudnn' cannot serve this call: return_weights="
@@ -49,9 +50,10 @@ class SelectTest(parameterized.TestCase):
       _select('cudnn', 8, backend='gpu', head_dim=12)
     with self.assertRaisesRegex(ValueError, r"'chunked' cannot serve this call: return_weights="
                                 r"True .*; a dense mask \(give causal=, window= or kv_lengths= "
-                                r"instead\); the bias of T5"):
-      _select('chunked', 8, dense_mask=True, return_weights=True,
-              dense_bias='the bias of T5RelativeBias, which is not linear in i - j')
+                                r"instead\); a dense bias from the bias of T5RelativeBias, which "
+                                r"is not linear in i - j \[DenseBias: 'cudnn', 'tpu_flash', "
+                                r"'dense' take it\]"):
+      _select('chunked', 8, dense_mask=True, return_weights=True, scores=(T5,))
     with self.assertRaisesRegex(ValueError, "implementation='flash'; choose one of"):
       _select('flash', 8)
     q = jnp.ones((1, 4, 2, 8))
@@ -102,7 +104,7 @@ class CudnnRulesTest(parameterized.TestCase):
 
   def test_a_mask_or_bias_must_be_full_along_the_lengths(self):
     self.assertEqual(self._cudnn(dense_mask=True), [])
-    self.assertEqual(self._cudnn(dense_bias='a dense bias array', score_broadcast=True),
+    self.assertEqual(self._cudnn(scores=(aj.DenseBias,), score_broadcast=True),
                      ['a mask or bias broadcast along T_q or T_k (it takes them '
                       '[.., T_q, T_k])'])
     q = jnp.ones((1, 8, 2, 8), jnp.bfloat16)
@@ -112,10 +114,11 @@ class CudnnRulesTest(parameterized.TestCase):
         scaled_dot_product_attention(q, q, q, bias=jnp.ones((1, 1, 1, 8)),
                                      implementation='cudnn')
 
-  @parameterized.parameters('dense_mask', 'linear_bias', 'difference_bias', 'window_bias')
-  def test_a_mask_or_bias_needs_even_lengths(self, kind):
-    self.assertEqual(self._cudnn(t_q=128, t_k=130, **{kind: True}), [])
-    self.assertEqual(self._cudnn(t_q=127, t_k=127, **{kind: True}), [
+  @parameterized.parameters(dict(dense_mask=True), dict(scores=(aj.LinearBias,)),
+                            dict(scores=(aj.DifferenceBias,)), dict(scores=(aj.WindowBias,)))
+  def test_a_mask_or_bias_needs_even_lengths(self, **kind):
+    self.assertEqual(self._cudnn(t_q=128, t_k=130, **kind), [])
+    self.assertEqual(self._cudnn(t_q=127, t_k=127, **kind), [
         'with a mask or bias, T_q and T_k multiples of 2 (got T_q=127, T_k=127)'])
     self.assertEqual(self._cudnn(t_q=127, t_k=127, causal=True, kv_lengths=True), [])
 
@@ -156,7 +159,8 @@ class FunctionTest(chex.TestCase, parameterized.TestCase):
     want, _ = aj.multi_head_attention(q, q, q, bias=enc + user)
     chex.assert_trees_all_close(got, want, atol=1e-6)
     with self.assertRaisesRegex(ValueError, "'chunked' cannot serve this call: a dense bias "
-                                'array; the bias of T5'):
+                                r'from the bias= argument \[DenseBias: .*\]; a dense bias from '
+                                'the bias of T5'):
       scaled_dot_product_attention(q, q, q, bias=user, implementation='chunked',
                                    score_bias=aj.DenseBias(enc, 'the bias of T5'))
     with self.assertRaisesRegex(ValueError, 'DenseBias takes a rank-4 bias'):

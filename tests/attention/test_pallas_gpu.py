@@ -26,8 +26,9 @@ TRITON = [jax.export.DisabledSafetyCheck.custom_call('__gpu$xla.gpu.triton')]
 
 
 def _gates(key, b, h):
-  """Cumulative log forget gates `[b, h, T]`, as forgetting attention makes them."""
-  return jnp.cumsum(jax.nn.log_sigmoid(2.0 + jax.random.normal(key, (b, h, T))), -1)
+  """Cumulative log forget gates `[b, T, h]`, as forgetting attention makes them."""
+  gates = jax.nn.log_sigmoid(2.0 + jax.random.normal(key, (b, h, T)))
+  return jnp.cumsum(jnp.swapaxes(gates, 1, 2), 1)
 
 
 def _case(name):
@@ -163,7 +164,7 @@ class PallasGpuAttentionTest(chex.TestCase, parameterized.TestCase):
     windows = WindowBias((0, 0, None, 0), (7, None, None, 30), ids, ids, sink=True)
     q = jax.ShapeDtypeStruct((2, 300, 4, 48), jnp.bfloat16)
     k = jax.ShapeDtypeStruct((2, 300, 2, 48), jnp.bfloat16)
-    gates = jax.ShapeDtypeStruct((2, 4, 300), jnp.float32)
+    gates = jax.ShapeDtypeStruct((2, 300, 4), jnp.float32)
     f = lambda q, k, v, a, b: jnp.sum(pallas_gpu_attention(
         q, k, v, causal=True, window=64, kv_lengths=jnp.array([300, 100]),
         difference=DifferenceBias(a, b), windows=windows).astype(jnp.float32))

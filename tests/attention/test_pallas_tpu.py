@@ -29,7 +29,7 @@ def _inputs(b, h, h_kv, dtype):
   keys = jax.random.split(jax.random.key(1), 6)
   q = jax.random.normal(keys[0], (b, T, h, D))
   k, v = (jax.random.normal(kk, (b, T, h_kv, D)) for kk in keys[1:3])
-  qv, kv = (jax.random.normal(kk, (b, h, T)) for kk in keys[3:5])
+  qv, kv = (jnp.swapaxes(jax.random.normal(kk, (b, h, T)), 1, 2) for kk in keys[3:5])
   dout = jax.random.normal(keys[5], (b, T, h, D))
   return [x.astype(dtype) for x in (q, k, v)], (qv, kv), dout
 
@@ -101,7 +101,7 @@ class PallasTPUTest(chex.TestCase, parameterized.TestCase):
     (q, k, v), _, _ = _inputs(1, 2, 2, jnp.float32)
     spec = LinearBias((0.5, 0.125))
     with mock.patch.object(dispatch, 'current_backend', lambda: 'tpu'):
-      request = dispatch.Request(t_k=T, dtype=q.dtype, head_dim=D, linear_bias=True,
+      request = dispatch.Request(t_k=T, dtype=q.dtype, head_dim=D, scores=(spec,),
                                  causal=True)
       self.assertEqual(dispatch.select_implementation('auto', request), 'pallas_tpu')
       with pltpu.force_tpu_interpret_mode():
@@ -123,6 +123,12 @@ class PallasTPUTest(chex.TestCase, parameterized.TestCase):
     self.assertLess(max(sizes), t * 128)  # O(T · D): the largest are q, k, v themselves
 
 
+def _spec(enc, p):
+  """What a position-only encoding adds at positions p, as a module asks it."""
+  q = jnp.zeros((1, p.shape[-1], 1, 1))
+  return enc.score_contribution(aj.ScoreContext(q=q, k=q, q_positions=p, k_positions=p))
+
+
 class WindowBiasTest(chex.TestCase, parameterized.TestCase):
 
   @parameterized.product(causal=(True, False), batched=(False, True))
@@ -130,12 +136,12 @@ class WindowBiasTest(chex.TestCase, parameterized.TestCase):
     enc = aj.positional.HardALiBi(4, (1, 3), causal)
     p = np.stack([np.arange(12), np.arange(12) % 5]) if batched else np.arange(12)
     dense = jnp.asarray(enc.attention_bias(p, p))
-    chex.assert_trees_all_equal(enc.score_bias(p, p).dense(12, 12), dense)  # both rank 4
+    chex.assert_trees_all_equal(_spec(enc, p).dense(12, 12), dense)  # both rank 4
 
   def test_windowed_rope_windows_equal_its_dense_bias_bit_for_bit(self):
     enc = WindowedRoPE(8, 4, (0, 2), sink=True)
     p = np.stack([np.arange(12), np.arange(12) // 2])
-    chex.assert_trees_all_equal(enc.score_bias(p, p).dense(12, 12),
+    chex.assert_trees_all_equal(_spec(enc, p).dense(12, 12),
                                 jnp.asarray(enc.attention_bias(p, p)))
 
   def test_bad_windows_are_refused_naming_the_value(self):

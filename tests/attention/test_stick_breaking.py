@@ -17,6 +17,7 @@ from attention_jax.attention.blockwise_stick_breaking import chunked_stick_break
 from attention_jax.attention.dense import dense_kernel
 from attention_jax.attention.normalization import StickBreaking
 from attention_jax.attention.scores import DifferenceBias
+from attention_jax.attention.scores import LinearBias
 from attention_jax.lab import identity
 from attention_jax.lab import study
 from attention_jax.lab import models
@@ -64,17 +65,18 @@ def _qkv(h_kv=H, dtype=jnp.float32, t=T):
   rng = np.random.default_rng(0)
   q = rng.standard_normal((B, t, H, D))
   k, v = (rng.standard_normal((B, t, h_kv, D)) for _ in range(2))
-  qv = rng.standard_normal((B, H, t))  # a difference bias per example
-  kv = rng.standard_normal((1, H, t))  # broadcast over the batch
+  qv = rng.standard_normal((B, H, t)).swapaxes(1, 2)  # a difference bias per example
+  kv = rng.standard_normal((1, H, t)).swapaxes(1, 2)  # broadcast over the batch
   return (*(jnp.asarray(x, dtype) for x in (q, k, v)),
           *(jnp.asarray(x, jnp.float32) for x in (qv, kv)))
 
 
 def _dense(q, k, v, qv=None, kv=None, *, lengths=None, slopes=None, window=None,
            attend_current=False):
-  return dense_kernel(q, k, v, mask=None, bias=None, slopes=slopes, causal=True,
+  scores = (() if slopes is None else (LinearBias(slopes),)) + (
+      () if qv is None else (DifferenceBias(qv, kv),))
+  return dense_kernel(q, k, v, mask=None, scores=scores, causal=True,
                       window=window, kv_lengths=lengths, return_weights=False,
-                      difference=None if qv is None else DifferenceBias(qv, kv),
                       normalization=StickBreaking(attend_current))[0]
 
 

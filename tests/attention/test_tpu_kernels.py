@@ -134,16 +134,16 @@ class TPUSelectionTest(parameterized.TestCase):
     self.assertEqual(_select('auto', t_q=128, t_k=384, causal=False), 'splash')
 
   def test_auto_picks_tpu_flash_for_a_dense_bias(self):
-    bias = 'the bias of T5RelativeBias, which is not linear in i - j'
-    self.assertEqual(_select('auto', dense_bias=bias), 'tpu_flash')
-    self.assertEqual(_select('auto', dense_bias=bias, head_dim=256), 'tpu_flash')
-    self.assertEqual(_select('auto', dense_bias=bias, head_dim=192), 'dense')
-    self.assertEqual(_select('auto', dense_bias=bias, window=64), 'dense')
-    self.assertEqual(_select('auto', dense_bias=bias, v_head_dim=32), 'dense')
+    bias = (aj.DenseBias,)
+    self.assertEqual(_select('auto', scores=bias), 'tpu_flash')
+    self.assertEqual(_select('auto', scores=bias, head_dim=256), 'tpu_flash')
+    self.assertEqual(_select('auto', scores=bias, head_dim=192), 'dense')
+    self.assertEqual(_select('auto', scores=bias, window=64), 'dense')
+    self.assertEqual(_select('auto', scores=bias, v_head_dim=32), 'dense')
     # ALiBi, forgetting gates, windows: our kernel builds them in the kernel.
-    self.assertEqual(_select('auto', linear_bias=True, t_k=4096), 'pallas_tpu')
-    self.assertEqual(_select('auto', difference_bias=True, t_k=100), 'pallas_tpu')
-    self.assertEqual(_select('auto', window_bias=True, t_k=128), 'pallas_tpu')
+    self.assertEqual(_select('auto', scores=(aj.LinearBias,), t_k=4096), 'pallas_tpu')
+    self.assertEqual(_select('auto', scores=(aj.DifferenceBias,), t_k=100), 'pallas_tpu')
+    self.assertEqual(_select('auto', scores=(aj.WindowBias,), t_k=128), 'pallas_tpu')
 
   def test_auto_falls_back_where_they_cannot_serve(self):
     self.assertEqual(_select('auto', t_k=1000), 'pallas_tpu')  # not a multiple of 128
@@ -156,10 +156,11 @@ class TPUSelectionTest(parameterized.TestCase):
 
   def test_naming_them_lists_every_obstacle(self):
     with self.assertRaisesRegex(ValueError, r"'splash' cannot serve this call: a dense bias "
-                                r"array; a TPU \(the default backend is 'cpu'\); T_q and T_k "
+                                r"\[DenseBias: 'cudnn', 'tpu_flash', 'dense' take it\]; a TPU "
+                                r"\(the default backend is 'cpu'\); T_q and T_k "
                                 r'multiples of 128 \(got T_q=200, T_k=200\)'):
       select_implementation('splash', Request(
-          t_k=200, dtype=jnp.float32, head_dim=D, dense_bias='a dense bias array'))
+          t_k=200, dtype=jnp.float32, head_dim=D, scores=(aj.DenseBias,)))
     with self.assertRaisesRegex(ValueError, r"'tpu_flash' cannot serve this call: a dense "
                                 r'mask .*; float32 or bfloat16 inputs \(got float16\); head_dim '
                                 r'up to 128 or a multiple of 128 \(got 192\); D_v == D \(got '

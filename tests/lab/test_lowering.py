@@ -383,7 +383,7 @@ class LongAlibiTest(parameterized.TestCase):
     backend = BACKENDS.get(platform, platform)
     with mock.patch.object(dispatch, 'current_backend', return_value=backend):
       request = dispatch.Request(t_k=t, dtype=jnp.bfloat16, head_dim=d, causal=True,
-                                 linear_bias=True, batch=b)
+                                 scores=(spec,), batch=b)
       self.assertEqual(dispatch.select_implementation('auto', request), kernel)
       exported = jax.export.export(
           jax.jit(jax.grad(loss, argnums=(0, 1, 2))), platforms=(platform,),

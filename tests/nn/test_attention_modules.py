@@ -240,12 +240,18 @@ class _OnlyEmbeddings(aj.PositionalEncoding):
 
 
 class _OnlyDenseBias(aj.PositionalEncoding):
-  """A user encoding written against the bias hook alone, returning the
-  rank-3 `[H, T_q, T_k]` the hook documented before it became rank 4."""
+  """A user encoding written against the score hook alone, with a dense
+  bias `[H, T_q, T_k]` (`dense_spec` makes it rank 4)."""
 
-  def attention_bias(self, q_positions, k_positions):
-    d = aj.relative_distance(q_positions, k_positions).astype(jnp.float32)
-    return jnp.stack([-d, -2.0 * d])
+  def score_contribution(self, context):
+    d = aj.relative_distance(context.q_positions, context.k_positions).astype(jnp.float32)
+    return aj.positional.dense_spec(jnp.stack([-d, -2.0 * d]), 'a user bias')
+
+
+def _spec(encoding, p):
+  """What an encoding adds at positions p, asked as a module asks it."""
+  q = jnp.zeros((1, len(p), 2, 8))
+  return encoding.score_contribution(aj.ScoreContext(q=q, k=q, q_positions=p, k_positions=p))
 
 
 class EncodingHooksTest(chex.TestCase, parameterized.TestCase):
@@ -261,24 +267,23 @@ class EncodingHooksTest(chex.TestCase, parameterized.TestCase):
                                   r'TransformerLM\(encoding=.*add_to_embeddings\(x, positions\)'):
         make()
 
-  def test_a_subclass_with_only_attention_bias_still_works(self):
+  def test_a_subclass_with_only_a_dense_score_contribution_works(self):
     mha = aj.MultiHeadAttention(16, 2, causal=True, encoding=_OnlyDenseBias(), rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(7), (1, 5, 16))
     _, weights = mha(x, return_weights=True)
     q, k, v = mha.W_Q(x), mha.W_K(x), mha.W_V(x)
-    bias = _OnlyDenseBias().attention_bias(np.arange(5), np.arange(5))[None]
-    _, want = aj.multi_head_attention(q, k, v, mask=aj.causal_mask(5), bias=bias)
+    spec = _spec(_OnlyDenseBias(), np.arange(5))
+    self.assertIsInstance(spec, aj.DenseBias)
+    _, want = aj.multi_head_attention(q, k, v, mask=aj.causal_mask(5), bias=spec.bias)
     chex.assert_trees_all_close(weights, want, atol=1e-6)
-    self.assertIsInstance(_OnlyDenseBias().score_bias(np.arange(5), np.arange(5)),
-                          aj.DenseBias)
 
-  def test_alibi_score_bias_is_linear_only_when_it_can_be(self):
+  def test_alibi_score_contribution_is_linear_only_when_it_can_be(self):
     causal = aj.make_encoding('alibi', d_model=16, num_heads=2)
     p = np.arange(4)
-    self.assertIsInstance(causal.score_bias(p, p), aj.LinearBias)
-    self.assertIsInstance(causal.score_bias(p + 3, p + 3), aj.DenseBias)
+    self.assertIsInstance(_spec(causal, p), aj.LinearBias)
+    self.assertIsInstance(_spec(causal, p + 3), aj.DenseBias)
     symmetric = aj.make_encoding('alibi', d_model=16, num_heads=2, causal=False)
-    self.assertIsInstance(symmetric.score_bias(p, p), aj.DenseBias)
+    self.assertIsInstance(_spec(symmetric, p), aj.DenseBias)
     chex.assert_shape(symmetric.attention_bias(p, p), (1, 2, 4, 4))
 
 

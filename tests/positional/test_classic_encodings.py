@@ -164,9 +164,10 @@ class _HeadOffsets(pe.PositionalEncoding):
     del d_model, max_positions, causal, rngs
     return cls(num_heads, scale)
 
-  def attention_bias(self, q_positions, k_positions):
-    shape = (len(self.offsets), len(q_positions), len(k_positions))
-    return jnp.broadcast_to(jnp.asarray(self.offsets)[:, None, None], shape)[None]
+  def score_contribution(self, context):
+    shape = (len(self.offsets), len(context.q_positions), len(context.k_positions))
+    return pe.dense_spec(jnp.broadcast_to(jnp.asarray(self.offsets)[:, None, None], shape),
+                         'a constant bias per head')
 
 
 class RegistryTest(parameterized.TestCase):

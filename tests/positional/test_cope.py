@@ -173,8 +173,8 @@ class CopeMatchesTheOfficialTest(chex.TestCase, parameterized.TestCase):
   def test_cope_chunked_refuses_naming_the_origin(self):
     mha = aj.MultiHeadAttention(16, 2, causal=True, encoding='cope', max_positions=8,
                                 implementation='chunked', rngs=nnx.Rngs(0))
-    with self.assertRaisesRegex(ValueError, r"'chunked' cannot serve this call: the "
-                                r'contextual positions of cope \(O\(T²\) by nature'):
+    with self.assertRaisesRegex(ValueError, r"'chunked' cannot serve this call: a dense bias "
+                                r'from the contextual positions of cope \(O\(T²\) by nature'):
       nnx.jit(lambda m, x: m(x))(mha, jnp.ones((1, 8, 16)))  # refused while tracing
 
 

@@ -185,6 +185,8 @@ class FoxMatchesTheOfficialCodeTest(chex.TestCase, parameterized.TestCase):
     want = log_lambda[..., :, None] - log_lambda[..., None, :]
     got = jax.jit(pe.forget_gate_bias)(log_fgate)
     self.assertEqual(got.dtype, jnp.float32)
+    c = pe.cumulative_log_gates(log_fgate)  # [B, T, H], as log f: Flax's order
+    np.testing.assert_allclose(np.asarray(c), log_lambda.transpose(0, 2, 1), rtol=1e-6)
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(
         np.asarray(pe.forget_gate_bias(pe.cumulative_log_gates(log_fgate), cumulative=True)),

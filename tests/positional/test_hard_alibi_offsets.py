@@ -28,7 +28,9 @@ class WindowOffsetsTest(chex.TestCase, parameterized.TestCase):
     np.testing.assert_array_equal(got[0] == 0, d == 2)  # exactly the token 2 back
     np.testing.assert_array_equal(got[1] == 0, (d >= 1) & (d <= 2))
     np.testing.assert_array_equal(got[2], 0.0)  # the free head
-    chex.assert_trees_all_equal(enc.score_bias(None, None).dense(7, 7), jnp.asarray(got)[None])
+    q = jnp.zeros((1, 7, 3, 8))
+    spec = enc.score_contribution(aj.ScoreContext(q=q, k=q, q_positions=None, k_positions=None))
+    chex.assert_trees_all_equal(spec.dense(7, 7), jnp.asarray(got)[None])
 
   def test_an_offset_head_stays_causal_where_its_window_is_empty(self):
     # Queries 0 and 1 of a head reading 2 back have no key in the window: the
