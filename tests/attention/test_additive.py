@@ -126,7 +126,7 @@ class Seq2SeqTest(parameterized.TestCase):
 class Seq2SeqLearningTest(absltest.TestCase):
 
   def test_attention_model_learns_copy(self):
-    c = copy_config.get_config('size=tiny')
+    c = copy_config.get_config('scale=tiny')
     c.model.update(kind='seq2seq_attention', d_model=16, rnn_hidden_dim=32)
     c.task.update(vocab_size=6, train_max_length=4)
     c.train.update(batch_size=32, num_steps=400, learning_rate=1e-2, warmup_steps=20,

@@ -91,7 +91,7 @@ class ScalableSoftmaxTest(chex.TestCase, parameterized.TestCase):
   def test_bad_values_are_errors(self):
     with self.assertRaisesRegex(ValueError, r'scalable_softmax=-1.0: the initial s must be > 0'):
       aj.MultiHeadAttention(D_MODEL, H, causal=True, scalable_softmax=-1.0, rngs=nnx.Rngs(0))
-    c = copy_config.get_config('size=tiny,encoding=alibi')
+    c = copy_config.get_config('scale=tiny,encoding=alibi')
     c.model.scalable_softmax = -0.5
     with self.assertRaisesRegex(ValueError, r'model.scalable_softmax=-0.5 must be >= 0'):
       validate_config(c)

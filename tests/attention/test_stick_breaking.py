@@ -19,7 +19,8 @@ from attention_jax.attention.normalization import StickBreaking
 from attention_jax.attention.scores import DifferenceBias
 from attention_jax.attention.scores import LinearBias
 from attention_jax.lab import identity
-from attention_jax.lab import study
+from attention_jax.lab import plan
+from attention_jax.lab.entries import run_label
 from attention_jax.lab import models
 from attention_jax.lab.validate import ConfigError
 from attention_jax.lab.validate import validate_config
@@ -234,7 +235,7 @@ class StickBreakingTest(chex.TestCase, parameterized.TestCase):
       chunked_stick_breaking(q, k[:, :5], v[:, :5])
 
   def test_stick_breaking_lab_config(self):
-    config = copy_config.get_config('encoding=none,size=tiny')
+    config = copy_config.get_config('encoding=none,scale=tiny')
     self.assertEqual(config.model.normalization, 'softmax')
     softmax_fields = identity.trained_fields(config)
     config.model.normalization = 'stick_breaking'
@@ -257,7 +258,7 @@ class StickBreakingTest(chex.TestCase, parameterized.TestCase):
            (dict(attention_implementation='cudnn'),
             r"^invalid config: model.attention_implementation='cudnn'.*normalization=")]
     for fields, message in bad:
-      c = copy_config.get_config('encoding=none,size=tiny')
+      c = copy_config.get_config('encoding=none,scale=tiny')
       for key, value in dict(dict(normalization='stick_breaking'), **fields).items():
         del c.model[key]  # a config read from JSON need not keep the types
         c.model[key] = value
@@ -265,23 +266,26 @@ class StickBreakingTest(chex.TestCase, parameterized.TestCase):
         validate_config(c)
 
   def test_stick_breaking_study_entries(self):
-    config = copy_config.get_config('size=tiny')
-    config.study.encodings = ('alibi', 'fox+stick_breaking')
+    config = copy_config.get_config('scale=tiny')
+    config.study.encodings = ('alibi', 'fox:stick_breaking')
     validate_config(config, study=True)
-    runs = study.run_configs(config)
-    self.assertEqual([(r.model.encoding, r.model.normalization, study.run_label(r)) for r in runs],
+    runs = plan.run_configs(config)
+    self.assertEqual([(r.model.encoding, r.model.normalization, run_label(r)) for r in runs],
                      [('alibi', 'softmax', 'alibi'),
-                      ('fox', 'stick_breaking', 'fox+stick_breaking')])
-    one = copy_config.get_config('encoding=none+stick_breaking,size=tiny')
+                      ('fox', 'stick_breaking', 'fox:stick_breaking')])
+    one = copy_config.get_config('encoding=none:stick_breaking,scale=tiny')
     self.assertEqual((one.model.encoding, one.model.normalization), ('none', 'stick_breaking'))
-    config.study.encodings = ('fox+softmax',)
-    with self.assertRaisesRegex(ConfigError, r"study.encodings: bad encoding 'fox\+softmax'.*"
-                                r"may end in '\+stick_breaking'"):
+    config.study.encodings = ('fox:softmax',)
+    with self.assertRaisesRegex(ConfigError, r"study.encodings: study entry 'fox:softmax': no "
+                                r"part 'softmax'; the parts are coupled, .*stick_breaking"):
+      validate_config(config, study=True)
+    config.study.encodings = ('fox+stick_breaking',)  # the older grammar: told the new one
+    with self.assertRaisesRegex(ConfigError, r"parts follow a colon, e.g. 'fox:stick_breaking'"):
       validate_config(config, study=True)
 
   def test_stick_breaking_fields_absent_from_an_older_run_read_as_softmax(self):
-    config = copy_config.get_config('encoding=none,size=tiny')
-    older = copy_config.get_config('encoding=none,size=tiny')
+    config = copy_config.get_config('encoding=none,scale=tiny')
+    older = copy_config.get_config('encoding=none,scale=tiny')
     del older.model['normalization'], older.model['stick_breaking_attend_current']
     self.assertEqual(identity.differences(older, config), [])
     config.model.normalization = 'stick_breaking'

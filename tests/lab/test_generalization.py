@@ -372,7 +372,7 @@ class WindowedRoPETest(chex.TestCase, parameterized.TestCase):
 
   def test_generalize_preset(self):
     from configs import copy as copy_config
-    c = copy_config.get_config('size=generalize')
+    c = copy_config.get_config('study=generalize')
     self.assertEqual(c.model.encoding, 'windowed_rope:coupled')
     self.assertTrue(models.is_coupled(c))
     self.assertEqual(models.encoding_options(c), dict(windows=(), window=2,

@@ -54,19 +54,19 @@ from configs import seq2seq as seq2seq_config
 PLATFORMS = ('tpu', 'cuda')
 BACKENDS = {'tpu': 'tpu', 'cuda': 'gpu'}  # what jax.default_backend() says there
 # Every registry encoding, then the study's modified ones (randomized,
-# coupled, stick-breaking): 'SPEC+stick_breaking' sets model.normalization.
+# coupled, stick-breaking): 'SPEC:stick_breaking' sets model.normalization.
 ENCODINGS = tuple(registry.ENCODINGS) + tuple(
-    e for e in copy_config.ALL_ENCODINGS if e not in registry.ENCODINGS) + (
-        'alibi+stick_breaking',)
+    e for e in copy_config.ALL if e not in registry.ENCODINGS) + (
+        'alibi:stick_breaking',)
 # Programs whose encoding-specific part is the train step's or the
 # evaluation's (stacked seeds, cached `generate`, weights) take a few:
 # traced positions, data-dependent biases, stick-breaking.
 SOME_ENCODINGS = ('learned', 'windowed_rope:coupled', 'rope:randomized', 'fox',
-                  'none+stick_breaking')
+                  'none:stick_breaking')
 STACKED_ENCODINGS = ('windowed_rope:coupled',)  # coupled positions, drawn per seed
 # Encodings the blockwise kernels serve (no bias, a linear one, stick-breaking):
 # a long sequence must not run 'dense'.
-BLOCKWISE_ENCODINGS = ('rope', 'alibi', 'none+stick_breaking')
+BLOCKWISE_ENCODINGS = ('rope', 'alibi', 'none:stick_breaking')
 BATCH, SEEDS, STEPS_PER_CALL, PROMPT, NEW_TOKENS = 2, 2, 2, 3, 4
 KEY = jax.eval_shape(jax.random.key, 0)  # a typed PRNG key, shape ()
 # Kernels on Pallas' Triton backend: their custom call is stable for no JAX version.
@@ -160,16 +160,16 @@ _PARTS = {}  # shared by every test and platform of one model
 
 def _parts(entry='none', kind='transformer', bidirectional=False, score='additive',
            max_length=0):
-  """The tiny preset of `entry` ('SPEC' or 'SPEC+stick_breaking'), batch 2,
+  """The tiny preset of `entry` ('SPEC' or 'SPEC:stick_breaking'), batch 2,
   trained and evaluated up to `max_length` if given -> (config, model
   graphdef, abstract model state, (model, optimizer) graphdef, its abstract
   state): shapes only, no parameter is drawn."""
   key = (entry, kind, bidirectional, score, max_length)
   if key not in _PARTS:
     if kind == 'transformer':
-      c = copy_config.get_config(f'size=tiny,encoding={entry}')
+      c = copy_config.get_config(f'scale=tiny,encoding={entry}')
     else:
-      c = seq2seq_config.get_config('size=tiny')
+      c = seq2seq_config.get_config('scale=tiny')
       c.model.update(kind=kind, bidirectional=bidirectional, attention_score=score)
     c.train.update(batch_size=BATCH, steps_per_call=STEPS_PER_CALL)
     c.eval.update(num_samples=BATCH, batch_size=BATCH)

@@ -19,6 +19,7 @@ from flax import nnx
 import attention_jax as aj
 from attention_jax import positional as pe
 from attention_jax.lab import validate
+from attention_jax.lab.models import resolve_options  # the lab's options, defaults filled
 from configs import copy as copy_config
 
 # ---------------------------------------------------------------------------
@@ -279,7 +280,7 @@ class CopeConfigTest(parameterized.TestCase):
       pe.make_encoding('cope', d_model=8, num_heads=2, max_positions=8, p_max=8)
 
   def test_cope_lab_config_validates(self):
-    config = copy_config.get_config('encoding=cope,size=tiny')
+    config = resolve_options(copy_config.get_config('encoding=cope,scale=tiny'))
     self.assertIsNone(config.model.encoding_options.cope.npos)
     validate.validate_config(config)
     config.model.encoding_options.cope.npos = 5

@@ -24,6 +24,7 @@ from flax import nnx
 import attention_jax as aj
 from attention_jax import positional as pe
 from attention_jax.lab import validate
+from attention_jax.lab.models import resolve_options  # the lab's options, defaults filled
 from configs import copy as copy_config
 
 # ---------------------------------------------------------------------------
@@ -323,7 +324,7 @@ class DapeConfigTest(parameterized.TestCase):
           q=q, k=k, q_positions=np.arange(3), k_positions=np.arange(3)))
 
   def test_dape_lab_config_validates(self):
-    config = copy_config.get_config('encoding=dape,size=tiny')
+    config = resolve_options(copy_config.get_config('encoding=dape,scale=tiny'))
     self.assertEqual(config.model.encoding_options.dape.base, 'kerple')
     self.assertEqual(config.model.encoding_options.dape.mlp_width, 32)
     validate.validate_config(config)
@@ -331,7 +332,7 @@ class DapeConfigTest(parameterized.TestCase):
     with self.assertRaisesRegex(validate.ConfigError,
                                 r'model\.encoding_options\.dape\.width: .*mlp_width'):
       validate.validate_config(config)
-    config = copy_config.get_config('encoding=dape,size=tiny')
+    config = resolve_options(copy_config.get_config('encoding=dape,scale=tiny'))
     config.model.attention_implementation = 'chunked'
     config.model.encoding_options.dape.base = 'rope'
     with self.assertRaisesRegex(validate.ConfigError,

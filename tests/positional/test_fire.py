@@ -17,6 +17,7 @@ from flax import nnx
 import attention_jax as aj
 from attention_jax import positional as pe
 from attention_jax.lab import validate
+from attention_jax.lab.models import resolve_options  # the lab's options, defaults filled
 from configs import copy as copy_config
 
 # ---------------------------------------------------------------------------
@@ -193,17 +194,17 @@ class FireConfigTest(parameterized.TestCase):
       _fire(2, width=8)
 
   def test_fire_lab_config_validates(self):
-    config = copy_config.get_config('encoding=fire,size=tiny')
+    config = resolve_options(copy_config.get_config('encoding=fire,scale=tiny'))
     self.assertEqual(config.model.encoding_options.fire.mlp_width, 32)
     validate.validate_config(config)
-    validate.validate_config(copy_config.get_config('encoding=fire:randomized,size=tiny'))
+    validate.validate_config(copy_config.get_config('encoding=fire:randomized,scale=tiny'))
     config.model.encoding_options.fire.width = 8
     with self.assertRaisesRegex(validate.ConfigError,
                                 r'model\.encoding_options\.fire\.width: .*mlp_width'):
       validate.validate_config(config)
 
   def test_fire_config_values_checked_by_the_kernel_check(self):
-    config = copy_config.get_config('encoding=fire,size=tiny')
+    config = resolve_options(copy_config.get_config('encoding=fire,scale=tiny'))
     config.model.attention_implementation = 'chunked'
     config.model.encoding_options.fire.mlp_width = 0
     with self.assertRaisesRegex(validate.ConfigError,

@@ -27,6 +27,7 @@ from flax import nnx
 import attention_jax as aj
 from attention_jax import positional as pe
 from attention_jax.lab import validate
+from attention_jax.lab.models import resolve_options  # the lab's options, defaults filled
 from configs import copy as copy_config
 
 D_MODEL, HEADS = 16, 2
@@ -311,7 +312,7 @@ class FoxErrorsTest(parameterized.TestCase):
       pe.make_encoding('fox', d_model=8, num_heads=2, rngs=nnx.Rngs(0), init=1.0)
 
   def test_fox_lab_config_and_kernel_check(self):
-    config = copy_config.get_config('encoding=fox,size=tiny')
+    config = resolve_options(copy_config.get_config('encoding=fox,scale=tiny'))
     self.assertEqual(config.model.encoding_options.fox.weight_std, 0.02)
     validate.validate_config(config)
     # A DifferenceBias: the chunked kernel serves it.

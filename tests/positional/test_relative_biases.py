@@ -135,7 +135,7 @@ class RandomizedPositionsTest(parameterized.TestCase):
     chex.assert_shape(randomized['positions'], plain['inputs'].shape)
 
   def test_config_spec_and_validation(self):
-    c = copy_config.get_config('encoding=learned:randomized,size=tiny')
+    c = copy_config.get_config('encoding=learned:randomized,scale=tiny')
     self.assertEqual(c.model.encoding, 'learned:randomized')
     c.positions.max_position = 10  # below the 18 positions read at eval.max_length=8
     from attention_jax.lab.validate import validate_config  # pylint: disable=g-import-not-at-top
@@ -148,7 +148,7 @@ class RandomizedPositionsTest(parameterized.TestCase):
     0 … T-1 (the draw itself is tested for reproducibility above)."""
     from attention_jax.lab.study import run_one  # pylint: disable=g-import-not-at-top
     import tempfile  # pylint: disable=g-import-not-at-top
-    c = copy_config.get_config('encoding=learned:randomized,size=tiny')
+    c = copy_config.get_config('encoding=learned:randomized,scale=tiny')
     c.positions.randomized_eval = mode
     rows = run_one(c, tempfile.mkdtemp())
     self.assertEqual([r['length'] for r in rows], [1, 2, 3, 4, 5, 6, 8])  # the tiny grid

@@ -237,7 +237,7 @@ class RandomizedDrawTest(parameterized.TestCase):
 
   def test_config_field_and_its_check(self):
     from attention_jax.lab.validate import validate_config  # pylint: disable=g-import-not-at-top
-    c = copy_config.get_config('encoding=learned:randomized,size=tiny')
+    c = copy_config.get_config('encoding=learned:randomized,scale=tiny')
     self.assertEqual(c.positions.draw, 'per_example')
     c.positions.draw = 'per_batch'
     validate_config(c)
