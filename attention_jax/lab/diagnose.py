@@ -36,6 +36,7 @@ from attention_jax.lab import workdirs
 from attention_jax.lab.plots import plot_attention_maps
 from attention_jax.lab.plots import plot_entropy
 from attention_jax.lab.entries import run_label
+from attention_jax.lab.plan import check_layout
 from attention_jax.lab.plan import place
 from attention_jax.lab.plan import run_configs
 from attention_jax.lab.train.interrupt import raise_if_stopped
@@ -96,6 +97,7 @@ def run_diagnostics(config: Optional[ml_collections.ConfigDict], workdir: str, *
                         'drawn for transformers.')
   else:
     validate_config(config, study=True)
+    check_layout(workdir)  # an older workdir: told how to move its runs
     runs = [c for c in run_configs(config)
             if c.model.kind == 'transformer' and c.train.seed == config.study.seeds[0]
             and c.task.name == config.study.tasks[0]]

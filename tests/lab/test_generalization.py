@@ -375,7 +375,7 @@ class WindowedRoPETest(chex.TestCase, parameterized.TestCase):
     c = copy_config.get_config('study=generalize')
     self.assertEqual(c.model.encoding, 'windowed_rope:coupled')
     self.assertTrue(models.is_coupled(c))
-    self.assertEqual(models.encoding_options(c), dict(windows=(), window=2,
+    self.assertEqual(models.encoding_options(c), dict(windows=(), window=2, base=10000.0,
                                                       num_windowed_heads=-1, sink=True))
     model = models.build_model(c, 0)
     enc = model.blocks[0].attention.positional
