@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest
+import pytest
 from absl.testing import parameterized
 from flax import nnx
 
@@ -125,6 +126,7 @@ class Seq2SeqTest(parameterized.TestCase):
 
 class Seq2SeqLearningTest(absltest.TestCase):
 
+  @pytest.mark.slow
   def test_attention_model_learns_copy(self):
     c = copy_config.get_config('scale=tiny')
     c.model.update(kind='seq2seq_attention', d_model=16, rnn_hidden_dim=32)

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest
+import pytest
 from absl.testing import parameterized
 from jax.test_util import check_grads
 
@@ -102,6 +103,7 @@ class DotProductAttentionTest(chex.TestCase, parameterized.TestCase):
     chex.assert_tree_all_finite((out, weights))
     np.testing.assert_allclose(weights, [[1, 0, 0], [0, 0, 1]], atol=1e-6)
 
+  @pytest.mark.slow
   def test_gradients_numerically_in_float64(self):
     with jax.enable_x64(True):
       q, k, v = _random(4, (3, 4), (5, 4), (5, 2), dtype=jnp.float64)

@@ -6,6 +6,7 @@ import chex
 import jax
 import jax.numpy as jnp
 from absl.testing import absltest
+import pytest
 from absl.testing import parameterized
 from flax import nnx
 
@@ -135,6 +136,7 @@ class CudnnRulesTest(parameterized.TestCase):
 class FunctionTest(chex.TestCase, parameterized.TestCase):
 
   @parameterized.product(window=(None, 6), h_kv=(1, 3))
+  @pytest.mark.slow
   def test_chunked_equals_dense_with_structure(self, window, h_kv):
     keys = jax.random.split(jax.random.key(0), 3)
     q = jax.random.normal(keys[0], (2, 29, 3, 8))

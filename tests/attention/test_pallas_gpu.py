@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest
+import pytest
 from absl.testing import parameterized
 
 import attention_jax as aj
@@ -84,6 +85,7 @@ class PallasGpuAttentionTest(chex.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(
       *[(f'_{c}_{d}', c, d) for c in CASES for d in ('float32', 'bfloat16')])
+  @pytest.mark.slow
   def test_equals_dense_in_outputs_and_gradients(self, case, dtype):
     b, h, h_kv, blocks, kwargs, dense_kwargs, values = _case(case)
     q, k, v, dout = _inputs(b, h, h_kv, jnp.dtype(dtype))

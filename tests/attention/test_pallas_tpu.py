@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest
+import pytest
 from absl.testing import parameterized
 from jax.experimental.pallas import tpu as pltpu
 
@@ -75,6 +76,7 @@ def _outputs_and_grads(f, q, k, v, values, dout, spec):
 class PallasTPUTest(chex.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(*((name, *case) for name, case in CASES.items()))
+  @pytest.mark.slow
   def test_equals_dense_in_outputs_and_gradients_float32(self, b, h, h_kv, spec, structure):
     (q, k, v), values, dout = _inputs(b, h, h_kv, jnp.float32)
     got = _outputs_and_grads(lambda s: _pallas(s, **structure), q, k, v, values, dout, spec)

@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest
+import pytest
 from absl.testing import parameterized
 from flax import nnx
 
@@ -74,6 +75,7 @@ class ScalableSoftmaxTest(chex.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(('alibi', 'alibi'), ('rope', 'rope'),
                                   ('window_rope', 'rope', 4))
+  @pytest.mark.slow
   def test_cached_decoding_equals_full_pass(self, encoding, window=None):
     model = aj.TransformerLM(vocab_size=11, d_model=D_MODEL, num_heads=H, num_layers=2,
                              mlp_dim=32, encoding=encoding, sliding_window=window,

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest
+import pytest
 from absl.testing import parameterized
 
 import attention_jax as aj
@@ -74,6 +75,7 @@ CASES = {
 class TPUKernelsTest(chex.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(*((name, *case) for name, case in CASES.items()))
+  @pytest.mark.slow
   def test_equals_dense_in_outputs_and_gradients_float32(self, name, h, h_kv, with_bias,
                                                          structure):
     (q, k, v), bias, dout = _inputs(h, h_kv, jnp.float32)
@@ -90,6 +92,7 @@ class TPUKernelsTest(chex.TestCase, parameterized.TestCase):
   @parameterized.named_parameters(
       ('splash', 'splash', False, dict(causal=True, window=40)),
       ('tpu_flash', 'tpu_flash', True, dict(causal=True, kv_lengths=jnp.array([T, 77]))))
+  @pytest.mark.slow
   def test_equals_dense_in_bfloat16(self, name, with_bias, structure):
     # The reference: the dense kernel in float32 on the same bf16-rounded inputs.
     (q, k, v), bias, dout = _inputs(2, 1, jnp.bfloat16)

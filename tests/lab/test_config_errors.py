@@ -19,6 +19,7 @@ import jax
 import ml_collections
 from absl import flags
 from absl.testing import absltest
+import pytest
 from absl.testing import parameterized
 
 from attention_jax.lab import presets
@@ -284,6 +285,7 @@ class EntryPointProcessTest(absltest.TestCase):
       if 'app.run(' in source or path.name == 'cli.py':
         self.assertRegex(source, r'app\.run\(main, flags_parser=parse_flags\)', path.name)
 
+  @pytest.mark.slow
   def test_commands_print_one_line_and_leave_nothing(self):
     for args, message in (
         (('experiments.length_extrapolation', '--config.study.encodings=()'),

@@ -5,6 +5,7 @@ import tempfile
 
 import numpy as np
 from absl.testing import absltest
+import pytest
 
 from attention_jax.lab.diagnose import run_diagnostics
 from attention_jax.lab.plan import run_configs
@@ -26,6 +27,7 @@ class EntropyTest(absltest.TestCase):
 
 class DiagnosticsTest(absltest.TestCase):
 
+  @pytest.mark.slow
   def test_tiny_study_figures(self):
     c = copy_config.get_config('scale=tiny')
     c.study.encodings = ('alibi', 'rope:randomized')

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl.testing import absltest
+import pytest
 from absl.testing import parameterized
 from flax import nnx
 
@@ -99,6 +100,7 @@ class LearnedWindowTest(chex.TestCase):
     np.testing.assert_array_equal(got[2:], 0.0)
     np.testing.assert_allclose(enc.widths(), [1.0, 3.0], rtol=1e-5)
 
+  @pytest.mark.slow
   def test_width_and_temperature_are_trained(self):
     model = _lm('learned_window', init_widths=(1, 2))
     tokens = jax.random.randint(jax.random.key(1), (2, 12), 0, 11)
@@ -132,6 +134,7 @@ class CausalityAndCacheTest(chex.TestCase, parameterized.TestCase):
     _assert_cached_equals_full(_lm(encoding), pos)
 
   @parameterized.parameters(*NEW)
+  @pytest.mark.slow
   def test_greedy_generation_equals_repeated_full_forward(self, encoding):
     model = _lm(encoding)
     prompt = jax.random.randint(jax.random.key(3), (2, 4), 0, 11)
@@ -335,6 +338,7 @@ class WindowedRoPETest(chex.TestCase, parameterized.TestCase):
       self.assertTrue(np.any(g[0, :i + 1] != 0))
 
   @parameterized.parameters(False, True)
+  @pytest.mark.slow
   def test_one_layer_sees_exactly_its_window(self, sink):
     """Gradients of one all-windowed layer: the token at position id p reads
     an earlier token iff its id is within the window (ahead or behind) or 0
@@ -360,6 +364,7 @@ class WindowedRoPETest(chex.TestCase, parameterized.TestCase):
     _assert_cached_equals_full(_lm('windowed_rope', **options), pos)
 
   @parameterized.parameters(*WINDOWED)
+  @pytest.mark.slow
   def test_greedy_generation_equals_repeated_full_forward(self, **options):
     model = _lm('windowed_rope', **options)
     prompt = jax.random.randint(jax.random.key(3), (2, 4), 0, 11)

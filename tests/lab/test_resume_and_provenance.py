@@ -13,6 +13,7 @@ import time
 import chex
 import numpy as np
 from absl.testing import absltest
+import pytest
 from flax import nnx
 
 from attention_jax.lab import models
@@ -64,6 +65,7 @@ class ResumeTest(absltest.TestCase):
     chex.assert_trees_all_equal(_params(straight), _params(again))
     self.assertEqual(_metric_lines(straight_dir), _metric_lines(resumed_dir))
 
+  @pytest.mark.slow
   def test_several_steps_per_call(self):
     """Steps fused into one compiled call: every step still logged, resume
     still bitwise, and the same training as one step per call."""
@@ -129,6 +131,7 @@ def _run(args, **kwargs):
 class ProcessTest(absltest.TestCase):
   """Behaviour that needs its own process: signals, fake devices, flags."""
 
+  @pytest.mark.slow
   def test_sigterm_saves_a_checkpoint_and_exits_cleanly(self):
     workdir = tempfile.mkdtemp()
     proc = subprocess.Popen(
@@ -149,6 +152,7 @@ class ProcessTest(absltest.TestCase):
     self.assertNotEmpty(steps)
     self.assertNotIn('Traceback', stderr)
 
+  @pytest.mark.slow
   def test_four_devices_equal_one_device(self):
     script = textwrap.dedent('''
         import jax, jax.numpy as jnp, numpy as np
@@ -200,6 +204,7 @@ class ProcessTest(absltest.TestCase):
     self.assertNotEqual(out.returncode, 0)
     self.assertIn('--config.train.batch_size=abc', out.stderr)
 
+  @pytest.mark.slow
   def test_plot_redraws_and_combines_workdirs(self):
     workdirs = []
     for encoding in ('rope', 'none'):

@@ -6,6 +6,7 @@ import tempfile
 
 import chex
 from absl.testing import absltest
+import pytest
 
 from attention_jax.lab import models
 from attention_jax.lab.plan import place
@@ -75,6 +76,7 @@ class StudyVariantsTest(chex.TestCase):
                                              r'from the plain preset'):
       validate_config(c, study=True)
 
+  @pytest.mark.slow
   def test_a_study_with_a_variant_writes_its_rows_and_the_ceiling(self):
     workdir = tempfile.mkdtemp()
     rows = run_study(_tiny_with_variant(), workdir, log=lambda _: None)

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest
+import pytest
 from absl.testing import parameterized
 from flax import nnx
 
@@ -192,6 +193,7 @@ class StudyTest(absltest.TestCase):
     self.assertEqual(len(again), len(rows))
 
 
+  @pytest.mark.slow
   def test_seq2seq_models_in_the_sweep(self):
     c = _tiny()
     c.study.models = ('seq2seq', 'seq2seq_attention')

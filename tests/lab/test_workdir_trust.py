@@ -23,6 +23,7 @@ from unittest import mock
 
 import numpy as np
 from absl.testing import absltest
+import pytest
 from absl.testing import parameterized
 
 from attention_jax.lab import identity
@@ -241,6 +242,7 @@ class DamagedFilesTest(absltest.TestCase):
 class StopRequestTest(absltest.TestCase):
   """C. A stop request is honoured wherever it arrives, and resumed."""
 
+  @pytest.mark.slow
   def test_sigterm_after_training_and_during_evaluation(self):
     workdir = _copy()
     seed0 = _run0(workdir)

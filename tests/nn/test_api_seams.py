@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest
+import pytest
 from absl.testing import parameterized
 from flax import nnx
 
@@ -283,6 +284,7 @@ class StickBreakingHeadBiasTest(chex.TestCase, parameterized.TestCase):
       steps.append(out)
     chex.assert_trees_all_close(jnp.concatenate(steps, 1), mha(x), atol=1e-5)
 
+  @pytest.mark.slow
   def test_a_transformer_lm_trains_with_it(self):
     model = _lm(normalization=aj.StickBreaking(remainder='head_bias'))
     tokens = jnp.asarray(np.random.default_rng(3).integers(0, 11, (B, 8)), jnp.int32)

@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest
+import pytest
 from absl.testing import parameterized
 from flax import nnx
 
@@ -115,6 +116,7 @@ class CachedDecodingTest(chex.TestCase, parameterized.TestCase):
   @parameterized.named_parameters(
       (f'{e}_{variant}', e, variant) for e in sorted(aj.ENCODINGS)
       for variant in ('plain', 'gqa_window'))
+  @pytest.mark.slow
   def test_step_by_step_equals_full_forward(self, encoding, variant):
     kw = dict(num_kv_heads=1, sliding_window=4) if variant == 'gqa_window' else {}
     model = _lm(encoding, **kw)
@@ -143,6 +145,7 @@ class CachedDecodingTest(chex.TestCase, parameterized.TestCase):
     chex.assert_trees_all_close(jnp.concatenate(pieces, 1), want, atol=2e-5)
 
   @parameterized.named_parameters((e, e) for e in sorted(aj.ENCODINGS))
+  @pytest.mark.slow
   def test_greedy_generation_equals_repeated_full_forward(self, encoding):
     model = _lm(encoding)
     prompt = jax.random.randint(jax.random.key(3), (2, 4), 0, 11)
@@ -161,6 +164,7 @@ class CachedDecodingTest(chex.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(
       ('alibi', 'alibi', False), ('rope', 'rope', False), ('learned_positions', 'learned', True))
+  @pytest.mark.slow
   def test_generate_equals_rerunning_the_growing_sequence(self, encoding, explicit):
     model = _lm(encoding)
     prompt = jax.random.randint(jax.random.key(4), (2, 3), 0, 11)

@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest
+import pytest
 from absl.testing import parameterized
 from flax import nnx
 
@@ -101,6 +102,7 @@ class KeyQueryConvolutionTest(chex.TestCase, parameterized.TestCase):
     visible = np.broadcast_to(np.asarray(hidden), logits.shape)
     np.testing.assert_allclose(logits[visible], want[visible], atol=2e-5)
 
+  @pytest.mark.slow
   def test_the_kernel_is_trained(self):
     model = _lm('mta', query_kernel_size=2, key_kernel_size=3)
     x = jax.random.randint(jax.random.key(6), (2, 8), 0, 11)
