@@ -117,6 +117,7 @@ class Seq2SeqTest(parameterized.TestCase):
     chex.assert_trees_all_close(h_short, h_long, atol=1e-6)
     chex.assert_trees_all_close(s_short, s_long[:, :3], atol=1e-6)
 
+  @pytest.mark.slow
   def test_alignment_needs_attention(self):
     with self.assertRaisesRegex(ValueError, "model.kind='seq2seq_attention'"):
       seq2seq_alignment(_model(False), tasks.get_task('copy'), 3, vocab_size=5)

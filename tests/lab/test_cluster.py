@@ -195,6 +195,7 @@ class LockTest(absltest.TestCase):
 
 class TimeBudgetTest(absltest.TestCase):
 
+  @pytest.mark.slow
   def test_max_minutes_checkpoints_exits_75_and_the_same_call_continues(self):
     c = _run_config(num_steps=6, checkpoint_every=0, max_minutes=1)
     tx = shared_optimizer(c.train)

@@ -21,6 +21,7 @@ from unittest import mock
 
 import chex
 from absl.testing import absltest
+import pytest
 from flax import nnx
 
 from attention_jax.lab import identity
@@ -173,6 +174,7 @@ class ExtensionTest(absltest.TestCase):
     self.assertEqual(identity.resolve(run0, _config(train__num_steps=3 * N,
                                                     study__on_mismatch='retrain')), run0)
 
+  @pytest.mark.slow
   def test_experiments_train_extends_a_run(self):
     run0 = _run0(_copy(_BASE))
     out = subprocess.run(

@@ -180,6 +180,7 @@ class WorkdirIdentityTest(absltest.TestCase):
     self.assertEqual(diff('rope', model__encoding_options={'t5': {'num_buckets': 8}}), [])
     self.assertEqual(diff('rope', train__seed=1), ['train.seed'])
 
+  @pytest.mark.slow
   def test_attention_maps_read_finished_runs_and_never_train(self):
     workdir = _copy()
     seed0 = _run0(workdir)

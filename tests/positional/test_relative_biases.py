@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest
+import pytest
 from absl.testing import parameterized
 from flax import nnx
 
@@ -143,6 +144,7 @@ class RandomizedPositionsTest(parameterized.TestCase):
       validate_config(c)
 
   @parameterized.parameters('random', 'contiguous')
+  @pytest.mark.slow
   def test_evaluation_positions(self, mode):
     """Randomized models are evaluated on random positions (as trained) or on
     0 … T-1 (the draw itself is tested for reproducibility above)."""
