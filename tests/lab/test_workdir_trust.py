@@ -46,9 +46,8 @@ def _config(**overrides):
   c = copy_config.get_config('scale=tiny,encoding=none')
   c.eval.update(generate=False, lengths=(2, 4))
   c.study.seeds = (0, 1)
-  # Runs compared bit for bit with single-run resumes (run_one) are trained
-  # one at a time; a vmapped group equals them to float tolerance only
-  # (tests/lab/test_seeds.py).
+  # Trained one at a time: compared bit for bit with run_one's resumes (a
+  # vmapped group equals them to float tolerance only: tests/lab/test_seeds.py).
   c.study.vmap_seeds = False
   c.train.update(checkpoint_every=2, checkpoint_keep=3)  # checkpoints 2, 4 and 5
   for key, value in overrides.items():  # section__field=value
