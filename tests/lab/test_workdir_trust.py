@@ -393,8 +393,5 @@ class ConfigErrorTest(parameterized.TestCase):
                           'learned table has max_positions=4 rows')
 
 
-# Import names that differ from the distribution that provides them.
-
-
 if __name__ == '__main__':
   absltest.main()
