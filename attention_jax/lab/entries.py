@@ -13,7 +13,7 @@ holding `{}` wraps the value the field had (`coupled`: `{}:coupled`, so
 
 The entry is the run's label: results.csv's `encoding` column and its folder
 (`WORKDIR/TASK/LABEL/seedN`). A stored config gives its label back
-(`run_label`): `model.variant` when an entry began with a variant, else the
+(`run_label`): `model.variant` when an entry names a variant, else the
 encoding spec, with `:stick_breaking` for that normalization.
 """
 
@@ -114,6 +114,8 @@ def entry_config(config: ml_collections.ConfigDict, entry: str) -> ml_collection
       raise ValueError(f'study entry {entry!r}: no part {part!r}; the parts are '
                        f'{", ".join(sorted(names))}.')
     _apply(c, where(part), names[part])
+  if any(part not in PARTS for part in parts):
+    c.model.variant = entry  # a variant's fields are part of the label (`run_label`)
   return c
 
 

@@ -332,4 +332,6 @@ def evaluated_rows(run_dir: str, config: ml_collections.ConfigDict) -> Optional[
   if (info.get('evaluation') != evaluation_fields(config) or not os.path.exists(path)
       or trained_to != config.train.num_steps):
     return None
+  if config.eval.get('grid') and not os.path.exists(os.path.join(run_dir, 'grid.csv')):
+    return None  # evaluated before its grid was asked for (or the file was lost)
   return results.read_rows(path)

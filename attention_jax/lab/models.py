@@ -59,21 +59,51 @@ def configured_task(config: ml_collections.ConfigDict) -> tasks.Task:
   """`config.task.name`'s task with the config's data options: `task.pack`
   examples per training sequence (transformers; 1 for seq2seq models) and
   coupled positions ('NAME:coupled'). A ValueError names a bad value."""
-  task = tasks.get_task(config.task.name)
+  task = task_of(config)
   pack = config.task.get('pack', 1)
   if isinstance(pack, bool) or not isinstance(pack, int) or pack < 1:
     raise ValueError(f'invalid config: task.pack={pack!r} must be an integer >= 1 '
                      '(examples per training sequence).')
   max_position = coupled_max_position(config)
   if max_position:
-    tasks.coupling.check_max_position(max_position, config.eval.max_length)
+    task.check_max_position(max_position, config.eval.max_length)
   return dataclasses.replace(task, pack=pack if config.model.kind == 'transformer' else 1,
-                             coupled_max_position=max_position)
+                             coupled_max_position=max_position,
+                             abacus_max_k=abacus_max_k(config))
+
+
+def uses_abacus(config: ml_collections.ConfigDict) -> bool:
+  """Whether the model adds Abacus embeddings (McLeish et al. 2024; `model.abacus`)."""
+  return config.model.kind == 'transformer' and bool(config.model.get('abacus', False))
+
+
+def abacus_max_k(config: ml_collections.ConfigDict) -> int:
+  """The largest training offset k of Abacus ids; 0 without Abacus."""
+  return config.model.get('abacus_max_k', 0) if uses_abacus(config) else 0
+
+
+def abacus_embeddings(config: ml_collections.ConfigDict) -> int:
+  """Rows of the Abacus table: `model.abacus_embeddings`, or 0 = enough for
+  the longest number evaluated (ids 1 … n) and for every training offset
+  (ids up to the longest trained number + max_k), plus id 0."""
+  if config.model.get('abacus_embeddings', 0):
+    return config.model.abacus_embeddings
+  task = task_of(config)
+  longest = max(task.max_number_length(config.eval.max_length),
+                task.max_number_length(config.task.train_max_length) + abacus_max_k(config))
+  return longest + 1
+
+
+def task_of(config: ml_collections.ConfigDict):
+  """`config.task.name`'s task with the options of the config's `task`
+  group (`Task.configure`: e.g. addition's index hints), not yet packing or
+  coupling (`configured_task`). A ValueError names a bad name or value."""
+  return tasks.get_task(config.task.name).configure(config.task)
 
 
 def longest_sequence(config: ml_collections.ConfigDict) -> int:
   """Tokens the model reads at the longest evaluated input."""
-  return tasks.tokens_read(tasks.get_task(config.task.name), config.eval.max_length)
+  return tasks.tokens_read(task_of(config), config.eval.max_length)
 
 
 def randomized_max_position(config: ml_collections.ConfigDict) -> int:
@@ -152,7 +182,8 @@ def normalization(config: ml_collections.ConfigDict) -> Normalization:
 def build_model(config: ml_collections.ConfigDict, seed: int) -> nnx.Module:
   """The model `config.model.kind` names, parameters drawn from `seed`."""
   m = config.model
-  vocab_size = config.task.vocab_size + tasks.NUM_SPECIAL
+  task = task_of(config)
+  vocab_size = task.num_symbols(config.task.vocab_size) + tasks.NUM_SPECIAL
   if m.kind in ('seq2seq', 'seq2seq_attention'):
     return Seq2Seq(
         vocab_size=vocab_size, embed_dim=m.d_model, hidden_dim=m.rnn_hidden_dim,
@@ -166,7 +197,9 @@ def build_model(config: ml_collections.ConfigDict, seed: int) -> nnx.Module:
       num_kv_heads=m.num_kv_heads or None, sliding_window=m.sliding_window or None,
       implementation=m.attention_implementation,
       scalable_softmax=m.scalable_softmax or None, normalization=normalization(config),
-      encoding_options=encoding_options(config), rngs=nnx.Rngs(params=seed))
+      encoding_options=encoding_options(config), rngs=nnx.Rngs(params=seed),
+      **(dict(abacus_digits=task.digit_tokens, abacus_embeddings=abacus_embeddings(config),
+              abacus_max_k=abacus_max_k(config)) if uses_abacus(config) else {}))
 
 
 def batch_layout(model: nnx.Module) -> str:
@@ -184,6 +217,9 @@ def forward_batch(model: nnx.Module, batch: dict[str, jax.Array]) -> jax.Array:
   `batch['positions']` when the batch has them: randomized positions)."""
   if isinstance(model, Seq2Seq):
     return model(batch['source'], batch['source_mask'], batch['decoder_inputs'])
+  if 'abacus_offset' in batch:  # training batches of an Abacus model: its k
+    return model(batch['inputs'], positions=batch.get('positions'),
+                 abacus_offset=batch['abacus_offset'])
   return model(batch['inputs'], positions=batch.get('positions'))
 
 

@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 import ml_collections
 
 from attention_jax.lab import entries
+from attention_jax.lab.evaluate import grid
 from attention_jax.lab import identity
 from attention_jax.lab import models
 from attention_jax.lab import plan
@@ -23,6 +24,7 @@ from attention_jax.lab import tasks
 from attention_jax.lab.evaluate import ambiguity
 from attention_jax.lab.evaluate import eval_lengths
 from attention_jax.lab.plots import plot_extrapolation
+from attention_jax.lab.plots import plot_grid
 
 
 def other_runs(workdir: str, config: ml_collections.ConfigDict, runs: list):
@@ -68,19 +70,31 @@ def other_runs(workdir: str, config: ml_collections.ConfigDict, runs: list):
 def task_ceilings(config: ml_collections.ConfigDict, task_names: Sequence[str]) -> list[dict]:
   """`ambiguity.ceiling_rows` for each task, on the config's evaluation strings."""
   e = config.eval
-  return [row for name in task_names
+  return [row for name in task_names if tasks.get_task(name).ceiling
           for row in ambiguity.ceiling_rows(
               tasks.get_task(name), eval_lengths(config), train_max=config.task.train_max_length,
               num_samples=e.num_samples, vocab_size=config.task.vocab_size, eval_seed=e.seed,
               batch_size=e.batch_size)]
 
 
+def grid_rows(run_dirs: Sequence[str]) -> list[dict]:
+  """The rows of each run's grid.csv (`evaluate.grid`), where it has one."""
+  found = []
+  for run_dir in run_dirs:
+    path = grid.run_grid_path(run_dir)
+    if os.path.exists(path):
+      found += grid.read_grid(path)
+  return found
+
+
 def write_study_outputs(rows, workdir: str, config: ml_collections.ConfigDict,
-                        coverage: Optional[tuple] = None) -> None:
+                        coverage: Optional[tuple] = None,
+                        grid_table: Sequence[dict] = ()) -> None:
   """results.csv, ceiling.csv, summary.md (with the ceiling, and with
   `coverage`, `other_runs`' lists, saying which runs it covers) and
-  extrapolation.png (the ceiling dashed under exact match); the text files
-  atomically."""
+  extrapolation.png (the ceiling dashed under exact match); with
+  `grid_table` (`grid_rows`), grid.csv and addition_grid.png too; the text
+  files atomically."""
   t = config.task
   task_names = sorted({r['task'] for r in rows})
   ceilings = task_ceilings(config, task_names)
@@ -88,6 +102,10 @@ def write_study_outputs(rows, workdir: str, config: ml_collections.ConfigDict,
   results.write_ceiling(os.path.join(workdir, 'ceiling.csv'), ceilings)
   summary = results.summary_markdown(rows, t.train_min_length, t.train_max_length)
   summary += '\n' + results.ceiling_markdown(ceilings, t.train_max_length)
+  if grid_table:
+    grid.write_grid(os.path.join(workdir, 'grid.csv'), grid_table)
+    summary += '\n' + grid.grid_markdown(grid_table, t.train_max_length)
+    plot_grid(grid_table, os.path.join(workdir, 'addition_grid.png'), train_max=t.train_max_length)
   if coverage:
     summary += '\n' + '\n'.join(results.coverage_summary(*coverage))
   results.write_text(os.path.join(workdir, 'summary.md'), summary)

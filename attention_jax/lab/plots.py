@@ -206,3 +206,40 @@ def plot_entropy(curves: dict[str, np.ndarray], path: str, *, train_tokens: int,
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
+
+
+def plot_grid(rows: Sequence[dict], path: str, *, train_max: int) -> None:
+  """Exact match over (digits of a) × (digits of b), one panel per label
+  (mean over seeds), the training region outlined: `evaluate.grid`'s rows."""
+  labels = sorted({(r['task'], r['encoding']) for r in rows})
+  if not labels:
+    return
+  columns = min(5, len(labels))
+  lines = -(-len(labels) // columns)
+  fig, axes = plt.subplots(lines, columns, figsize=(2.6 * columns + 1, 2.6 * lines),
+                           squeeze=False)
+  for ax in axes.flat[len(labels):]:
+    ax.axis('off')
+  for ax, (task, label) in zip(axes.flat, labels):
+    sel = [r for r in rows if r['task'] == task and r['encoding'] == label]
+    sizes = sorted({r['digits_a'] for r in sel} | {r['digits_b'] for r in sel})
+    grid = np.full((len(sizes), len(sizes)), np.nan)
+    for i, la in enumerate(sizes):
+      for j, lb in enumerate(sizes):
+        values = [r['exact_match'] for r in sel if r['digits_a'] == la and r['digits_b'] == lb]
+        if values:
+          grid[i, j] = np.mean(values)
+    image = ax.imshow(grid, vmin=0, vmax=1, cmap='viridis', origin='lower')
+    inside = sum(s <= train_max for s in sizes)
+    if inside:  # the cells with both operands in the training range
+      ax.add_patch(plt.Rectangle((-0.5, -0.5), inside, inside, fill=False, ec='red', lw=1.5))
+    ax.set_xticks(range(len(sizes)), sizes, fontsize=7)
+    ax.set_yticks(range(len(sizes)), sizes, fontsize=7)
+    ax.set_xlabel('digits of b', fontsize=8)
+    ax.set_ylabel('digits of a', fontsize=8)
+    ax.set_title(label if task == 'addition' else f'{task}: {label}', fontsize=9)
+  fig.colorbar(image, ax=axes, shrink=0.8, label='exact match (mean over seeds)')
+  fig.suptitle(f'Exact match; red: both operands within the training range (<= {train_max})',
+               fontsize=10)
+  fig.savefig(path, dpi=110, bbox_inches='tight')
+  plt.close(fig)

@@ -12,10 +12,13 @@ import os
 
 from attention_jax.lab import identity
 from attention_jax.lab import results
+from attention_jax.lab.evaluate.grid import run_grid_path
+from attention_jax.lab.evaluate.grid import write_grid
 
 
-def write_run(config, run_dir, rows, last, times, timings, trained_with) -> None:
-  """results.csv and run.json of one evaluated run, atomically. `times`:
+def write_run(config, run_dir, rows, last, times, timings, trained_with, grid=None) -> None:
+  """results.csv (and grid.csv with `grid`, `evaluate.grid`'s rows) and
+  run.json of one evaluated run, atomically. `times`:
   this run's share of the seconds per stage (`Stopwatch.breakdown`: train,
   evaluation, generation, each with its XLA compile time), `timings` per
   evaluation variant."""
@@ -32,8 +35,10 @@ def write_run(config, run_dir, rows, last, times, timings, trained_with) -> None
   grown = identity.extensions(run_dir)
   if grown:  # only then: the run.json of a run never extended stays as it was
     info.update(extensions=grown)
-  # results.csv first: a stop in between leaves an old run.json, which
-  # means "evaluate again", never stale results taken as current.
+  # results.csv (and grid.csv) first: a stop in between leaves an old
+  # run.json, which means "evaluate again", never stale results taken as current.
+  if grid is not None:
+    write_grid(run_grid_path(run_dir), grid)
   results.write_rows(os.path.join(run_dir, 'results.csv'), rows)
   results.write_text(os.path.join(run_dir, 'run.json'), json.dumps(info, indent=1, default=str))
 

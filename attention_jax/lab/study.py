@@ -26,6 +26,7 @@ from attention_jax.lab import locks
 from attention_jax.lab import outputs
 from attention_jax.lab.evaluate import eval_lengths
 from attention_jax.lab.evaluate import evaluate_models
+from attention_jax.lab.evaluate.grid import evaluate_grid
 from attention_jax.lab.evaluate import rope_scaled
 from attention_jax.lab.evaluate.context_extension import evaluation_variants
 from attention_jax.lab import models
@@ -155,13 +156,32 @@ def _train_and_evaluate(configs, run_dirs, tx, on_trained, log, *, vmapped,
       group_rows, timings = _evaluate([trained[i][0] for i in group],
                                       [configs[i] for i in group], clock,
                                       [run_dirs[i] for i in group])
+      grids = _evaluate_grid([trained[i][0] for i in group], [configs[i] for i in group],
+                             clock)
     times = dict(train_times, **clock.breakdown(share=len(group)))
-    for i, rows in zip(group, group_rows):
+    for i, rows, grid in zip(group, group_rows, grids):
       write_run(configs[i], run_dirs[i], rows, trained[i][1], times,
                  {k: v / len(group) for k, v in timings.items()},
-                 len(configs) if vmapped else 1)
+                 len(configs) if vmapped else 1, grid=grid)
       out[i] = rows
   return out
+
+
+def _evaluate_grid(trained: list, configs: list, clock: Stopwatch) -> list:
+  """Each model's `evaluate.grid` rows (None per model without `eval.grid`)."""
+  config = configs[0]
+  if not config.eval.get('grid'):
+    return [None] * len(trained)
+  max_position = (models.randomized_max_position(config)
+                  if config.positions.randomized_eval == 'random' else 0)
+  per_model = evaluate_grid(
+      trained, models.configured_task(config), config.eval.grid,
+      train_max=config.task.train_max_length, num_samples=config.eval.grid_samples,
+      vocab_size=config.task.vocab_size, eval_seed=config.eval.seed,
+      batch_size=config.eval.batch_size, max_position=max_position,
+      draw=config.positions.draw, clock=clock)
+  return [[dict(task=c.task.name, encoding=run_label(c), seed=c.train.seed, **r) for r in rows]
+          for c, rows in zip(configs, per_model)]
 
 
 def _evaluate(trained: list, configs: list, clock: Stopwatch,
@@ -260,7 +280,8 @@ def run_study(config: ml_collections.ConfigDict, workdir: str,
       extra, coverage = outputs.other_runs(workdir, config, runs)
       rows += extra
       with stage('while writing the study outputs'):
-        outputs.write_study_outputs(rows, workdir, config, coverage)
+        outputs.write_study_outputs(rows, workdir, config, coverage,
+                                    outputs.grid_rows([r.directory for r in runs]))
   return rows
 
 

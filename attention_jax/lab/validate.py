@@ -32,6 +32,8 @@ from attention_jax.lab.models import longest_sequence
 from attention_jax.lab.models import randomized_max_position
 from attention_jax.lab.entries import entry_config
 from attention_jax.lab.entries import variants
+from attention_jax.lab.task_checks import entry_refusal
+from attention_jax.lab.task_checks import task_refusal
 
 
 ON_MISMATCH = ('error', 'retrain')  # study.on_mismatch, see lab/identity.py
@@ -265,6 +267,8 @@ def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -
   _require(isinstance(config.study.get('report_only', False), bool),
            f"study.report_only={config.study.get('report_only')!r} must be True or False.")
   _check_positive(config.study, [k for k in ('parallel_setups',) if k in config.study], 'study')
+  refusal = task_refusal(config, task_names, kinds)
+  _require(refusal is None, refusal)
   if 'transformer' not in kinds:
     return  # the remaining checks concern transformers only
 
@@ -307,7 +311,8 @@ def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -
   _check_encoding_options(m)
   _check_normalization(m)  # before kernel_refusal, which asks the table about it
   for spec, asked in specs:
-    refusal = kernel_refusal(asked, spec) or position_refusal(asked, spec, task_names)
+    refusal = (kernel_refusal(asked, spec) or position_refusal(asked, spec, task_names)
+               or entry_refusal(asked, task_names))
     _require(refusal is None, refusal)
   encodings = {name for name, _ in parsed}
   randomized = any(r for _, r in parsed)
@@ -345,7 +350,9 @@ def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -
   # A learned table must hold the longest evaluation sequence.
   if m.max_positions and 'learned' in encodings:
     for name in task_names:
-      needed = tasks.tokens_read(tasks.TASKS[name], ev.max_length)
+      c = config.copy_and_resolve_references()
+      c.task.name = name
+      needed = longest_sequence(c)
       _require(m.max_positions >= needed,
                f"model.max_positions={m.max_positions} is too short for 'learned' at "
                f'eval.max_length={ev.max_length} on {name!r}: the model reads '

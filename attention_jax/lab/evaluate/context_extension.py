@@ -53,8 +53,7 @@ def evaluation_variants(config: ml_collections.ConfigDict) -> list[tuple[str, Op
   evaluated / longest training sequence) and L the longest training sequence."""
   variants = [(entries.run_label(config), None)]
   if config.model.kind == 'transformer' and config.model.encoding == 'rope':
-    train_tokens = tasks.tokens_read(tasks.get_task(config.task.name),
-                                     config.task.train_max_length)
+    train_tokens = tasks.tokens_read(models.task_of(config), config.task.train_max_length)
     factor = config.eval.rope_scale_factor or models.longest_sequence(config) / train_tokens
     for method in config.eval.rope_scalings:
       variants.append((f'rope+{method}', RopeScaling(method, factor, train_tokens)))

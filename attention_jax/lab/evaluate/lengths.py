@@ -113,7 +113,7 @@ def _metrics(state, *, key, n, graphdef, task, bucket, num_samples, vocab_size,
   `models.generate_batch`'s predictions (a program of its own, so its time
   is its own). `max_position` > 0: randomized positions."""
   model = nnx.merge(graphdef, state)
-  lengths = jnp.full((num_samples,), n, jnp.int32)
+  lengths = task.fixed_lengths(n, num_samples)
   batch = tasks.LAYOUTS[models.batch_layout(model)](
       task, key, lengths, vocab_size=vocab_size, max_input_length=bucket)
   if max_position:
@@ -146,7 +146,7 @@ def evaluation_strings(task: tasks.Task, lengths: Iterable[int], *, train_max: i
     for n in bucket_lengths:
       parts = []
       for key in evaluation_keys(eval_seed, n, num_batches):
-        batch = tasks.make_batch(task, key, jnp.full((batch_size,), n, jnp.int32),
+        batch = tasks.make_batch(task, key, task.fixed_lengths(n, batch_size),
                                  vocab_size=vocab_size, max_input_length=bucket)
         if max_position:  # as `_metrics` draws them
           batch = tasks.with_random_positions(batch, jax.random.fold_in(key, 2), max_position,

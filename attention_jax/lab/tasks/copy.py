@@ -58,24 +58,54 @@ class Task:
   rule: Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
   pack: int = 1  # examples per training sequence (train_batch only)
   coupled_max_position: int = 0  # > 0: coupled position ids, all below this
+  abacus_max_k: int = 0  # > 0: training batches carry an Abacus offset k in [0, this]
+  digit_tokens = ()  # no digits for Abacus embeddings to count
+  has_seq2seq = True  # `make_seq2seq_batch` lays it out for encoder-decoders
+  ceiling = True  # outputs copied from x: the k-gram ceiling applies (evaluate/ambiguity.py)
+
+  # The task protocol (`tasks/__init__.py`), which `addition.Addition` follows too.
+  def configure(self, task_config) -> 'Task':
+    del task_config  # no options of its own (pack and coupling: `configured_task`)
+    return self
+
+  def num_symbols(self, vocab_size: int) -> int:
+    return vocab_size
+
+  def sequence_length(self, max_length: int) -> int:
+    return max_length * (1 + self.output_factor) + 3
+
+  def max_number_length(self, max_length: int) -> int:
+    return self.output_factor * max_length
+
+  def fixed_lengths(self, n, batch_size: int) -> jax.Array:
+    return jnp.full((batch_size,), n, jnp.int32)
+
+  def sample_lengths(self, key, batch_size: int, min_length: int, max_length: int):
+    return sample_lengths(key, batch_size, min_length, max_length)
+
+  def example(self, key, lengths, vocab_size: int, max_length: int):
+    return _example_tokens(self, key, lengths, vocab_size, max_length)
+
+  def coupled_positions(self, tokens, lengths, offset) -> jax.Array:
+    return coupling.coupled_positions(self, lengths, tokens.shape[1], offset)
+
+  def random_offsets(self, key, lengths, max_position: int) -> jax.Array:
+    return coupling.random_offsets(key, lengths, max_position)
+
+  def check_max_position(self, max_position: int, max_length: int) -> None:
+    coupling.check_max_position(max_position, max_length)
 
 
-TASKS = {
+COPY_TASKS = {
     'copy': Task('copy', 1, _copy),
     'reverse': Task('reverse', 1, _reverse),
     'duplicate': Task('duplicate', 2, _duplicate),
 }
 
 
-def get_task(name: str) -> Task:
-  if name not in TASKS:
-    raise ValueError(f'unknown task {name!r}; choose one of {sorted(TASKS)}.')
-  return TASKS[name]
-
-
 def sequence_length(task: Task, max_input_length: int) -> int:
   """Tokens in `BOS x SEP y EOS` for the longest input: the padded length."""
-  return max_input_length * (1 + task.output_factor) + 3
+  return task.sequence_length(max_input_length)
 
 
 def tokens_read(task: Task, max_input_length: int) -> int:
@@ -103,12 +133,11 @@ def make_batch(task: Task, key: jax.Array, lengths: jax.Array, *,
     loss_mask: bool, True on output tokens (y and EOS) of `targets`.
   and `lengths` `[B]`. Symbols are `NUM_SPECIAL … NUM_SPECIAL + vocab_size - 1`.
   """
-  tokens, is_output = _example_tokens(task, key, lengths, vocab_size, max_input_length)
+  tokens, is_output = task.example(key, lengths, vocab_size, max_input_length)
   batch = dict(inputs=tokens[:, :-1], targets=tokens[:, 1:],
                loss_mask=is_output[:, 1:], lengths=lengths)
   if task.coupled_max_position:  # evaluation: offset 1 (coupling.py)
-    positions = coupling.coupled_positions(task, lengths, tokens.shape[1],
-                                           jnp.ones_like(lengths))
+    positions = task.coupled_positions(tokens, lengths, jnp.ones(lengths.shape[:1], jnp.int32))
     batch['positions'] = positions[:, :-1]
   return batch
 
@@ -201,12 +230,16 @@ def train_batch(task: Task, seed: int, step: jax.Array, *, batch_size: int,
     batch = _packed_batch(task, key, batch_size=batch_size, min_length=min_length,
                           max_length=max_length, vocab_size=vocab_size)
   else:
-    lengths = sample_lengths(length_key, batch_size, min_length, max_length)
+    lengths = task.sample_lengths(length_key, batch_size, min_length, max_length)
     batch = LAYOUTS[layout](task, token_key, lengths, vocab_size=vocab_size,
                             max_input_length=max_length)
   if max_position:
     # A third stream: adding it leaves the tokens of every (seed, step) as they were.
     batch = with_random_positions(batch, jax.random.fold_in(key, 2), max_position, draw)
+  if task.abacus_max_k:
+    # Abacus (McLeish et al. 2024): one k per batch, as the official module draws it.
+    k = jax.random.randint(jax.random.fold_in(key, 4), (), 0, task.abacus_max_k + 1, jnp.int32)
+    batch = dict(batch, abacus_offset=jnp.full((batch_size,), k, jnp.int32))
   return batch
 
 
@@ -219,21 +252,21 @@ def _packed_batch(task: Task, key: jax.Array, *, batch_size: int, min_length: in
   (contiguous 0 … T−1 otherwise: the model's default)."""
   k = task.pack
   keys = jax.random.split(jax.random.fold_in(key, 3), 3 * k).reshape(k, 3)
-  lengths = jnp.stack([sample_lengths(keys[e, 0], batch_size, min_length, max_length)
-                       for e in range(k)])  # [K, B]
-  examples = [_example_tokens(task, keys[e, 1], lengths[e], vocab_size, max_length)
+  lengths = jnp.stack([task.sample_lengths(keys[e, 0], batch_size, min_length, max_length)
+                       for e in range(k)])  # [K, B] (or [K, B, 2]: one per operand)
+  examples = [task.example(keys[e, 1], lengths[e], vocab_size, max_length)
               for e in range(k)]
   tokens = jnp.stack([t for t, _ in examples])  # [K, B, L]
-  real = lengths * (1 + task.output_factor) + 3  # tokens of each example
+  real = jnp.sum(tokens != PAD, axis=-1)  # tokens of each example (no PAD inside one)
   packed = packing.concatenate(tokens, real, PAD)
   is_output = packing.concatenate(jnp.stack([o for _, o in examples]), real, False)
   batch = dict(inputs=packed[:, :-1], targets=packed[:, 1:], loss_mask=is_output[:, 1:],
-               lengths=lengths.T if k > 1 else lengths[0])
+               lengths=jnp.moveaxis(lengths, 0, 1) if k > 1 else lengths[0])
   if task.coupled_max_position:
     positions = jnp.stack([
-        coupling.coupled_positions(
-            task, lengths[e], tokens.shape[2],
-            coupling.random_offsets(keys[e, 2], lengths[e], task.coupled_max_position))
+        task.coupled_positions(
+            tokens[e], lengths[e],
+            task.random_offsets(keys[e, 2], lengths[e], task.coupled_max_position))
         for e in range(k)])
     batch['positions'] = packing.concatenate(positions, real, 0)[:, :-1]
   return batch
