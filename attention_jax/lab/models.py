@@ -21,7 +21,7 @@ from attention_jax.attention.normalization import StickBreaking
 from attention_jax.lab import tasks
 from attention_jax.nn.seq2seq import Seq2Seq
 from attention_jax.nn.transformer import TransformerLM
-from attention_jax.nn.transformer import greedy_predictions
+from attention_jax.nn.decoding import greedy_predictions
 from attention_jax.positional import ENCODINGS
 from attention_jax.positional import parse_encoding_spec
 
@@ -198,8 +198,9 @@ def build_model(config: ml_collections.ConfigDict, seed: int) -> nnx.Module:
       implementation=m.attention_implementation,
       scalable_softmax=m.scalable_softmax or None, normalization=normalization(config),
       encoding_options=encoding_options(config), rngs=nnx.Rngs(params=seed),
-      **(dict(abacus_digits=task.digit_tokens, abacus_embeddings=abacus_embeddings(config),
-              abacus_max_k=abacus_max_k(config)) if uses_abacus(config) else {}))
+      # Abacus ids: validated against the table before compiling (task_checks).
+      abacus=dict(digit_tokens=task.digit_tokens, rows=abacus_embeddings(config),
+                  max_k=abacus_max_k(config), check_ids=False) if uses_abacus(config) else None)
 
 
 def batch_layout(model: nnx.Module) -> str:

@@ -30,9 +30,14 @@ attention weights and on both residual branches, Flax's way: `deterministic`
 at construction, per call, or for the whole model with `model.train()` /
 `model.eval()`.
 
-`generate` and `greedy_predictions` decode any model with the cache
-protocol: `init_cache(batch_size, cache_size) -> cache` and `extend(tokens
-[B, S], cache, start, *, positions=None) -> (logits [B, S, V], cache)`.
+Abacus embeddings (`abacus=`, McLeish et al. 2024) add a learned row per
+digit's index in its number to the token embeddings, beside any encoding;
+their parameters at `abacus.table`.
+
+`nn.decoding.generate` and `greedy_predictions` decode any model with the
+cache protocol: `init_cache(batch_size, cache_size) -> cache` and
+`extend(tokens [B, S], cache, start, *, positions=None) -> (logits [B, S, V],
+cache)`.
 """
 
 from typing import Optional, Sequence
@@ -50,6 +55,7 @@ from attention_jax.nn.cache import is_static
 from attention_jax.nn.cache import poison
 from attention_jax.positional import PositionalEncoding
 from attention_jax.positional import make_encoding
+from attention_jax.positional.abacus import Abacus
 from attention_jax.positional.learned import positions_proven
 
 
@@ -127,6 +133,10 @@ class TransformerLM(nnx.Module):
       each residual branch (attention, MLP); default 0.0 (none).
     deterministic: True = no dropout; None: from the call or
       `model.train()` / `model.eval()` (needed when `dropout_rate > 0`).
+    abacus: None, or the keyword options of `positional.Abacus`
+      (`digit_tokens`, `rows`, `max_k`, `check_ids`): Abacus embeddings
+      added to the token embeddings; the offset k is `__call__`'s
+      `abacus_offset` (training), 0 when decoding.
     rngs: `nnx.Rngs` for the parameters (and dropout's forks).
   """
 
@@ -139,7 +149,8 @@ class TransformerLM(nnx.Module):
                normalization: Normalization = 'softmax',
                encoding_per_layer: Optional[bool] = None, dropout_rate: float = 0.0,
                deterministic: Optional[bool] = None,
-               encoding_layers: Optional[Sequence[int]] = None, rngs: nnx.Rngs):
+               encoding_layers: Optional[Sequence[int]] = None,
+               abacus: Optional[dict] = None, rngs: nnx.Rngs):
     self.vocab_size = vocab_size
     self.embed = nnx.Embed(vocab_size, d_model,
                            embedding_init=nnx.initializers.normal(1.0), rngs=rngs)
@@ -168,6 +179,7 @@ class TransformerLM(nnx.Module):
         for layer_encoding in layer_encodings])
     self.final_norm = nnx.LayerNorm(d_model, rngs=rngs)
     self.unembed = nnx.Linear(d_model, vocab_size, rngs=rngs)
+    self.abacus = Abacus(d_model=d_model, rngs=rngs, **abacus) if abacus else None
 
   @property
   def encoding(self) -> PositionalEncoding:
@@ -178,9 +190,10 @@ class TransformerLM(nnx.Module):
 
   def __call__(self, tokens: jax.Array, *, positions: Optional[jax.Array] = None,
                return_weights: bool = False, deterministic: Optional[bool] = None,
-               rngs=None):
+               rngs=None, abacus_offset=None):
     """tokens int `[B, T]`; positions `[T]` or `[B, T]` (default 0 … T-1);
-    `deterministic` and `rngs` (dropout) override the modules'.
+    `deterministic` and `rngs` (dropout) override the modules';
+    `abacus_offset` int or `[B]`: the Abacus training offset k (default 0).
 
     Token ids outside 0 … vocab_size-1 are a ValueError when known (outside
     jit); traced ones are not checked: `nnx.Embed`'s `jnp.take` fills their
@@ -195,6 +208,11 @@ class TransformerLM(nnx.Module):
     if positions is None:
       positions = np.arange(t, dtype=np.int32)
     x = self.positional.add_to_embeddings(self.embed(tokens), positions)
+    if self.abacus is not None:
+      x = self.abacus(x, self.abacus.ids(tokens, abacus_offset))
+    elif abacus_offset is not None:
+      raise ValueError('abacus_offset was given but the model has no Abacus embeddings '
+                       '(TransformerLM(abacus=...)).')
     all_weights = []
     for block in self.blocks:
       x, weights = block(x, positions=positions, return_weights=return_weights,
@@ -204,9 +222,14 @@ class TransformerLM(nnx.Module):
     return (logits, all_weights) if return_weights else logits
 
   def init_cache(self, batch_size: int, cache_size: int, dtype=jnp.float32) -> list:
-    """One empty key/value cache per block, for `extend`."""
-    return [block.attention.init_cache(batch_size, cache_size, dtype)
-            for block in self.blocks]
+    """One empty key/value cache per block, for `extend`; with Abacus
+    embeddings one more entry, `{'abacus_ids': int32 [B, cache_size]}` (the
+    ids of the tokens in the slots: a number continues across calls)."""
+    caches = [block.attention.init_cache(batch_size, cache_size, dtype)
+              for block in self.blocks]
+    if self.abacus is not None:
+      caches.append(dict(abacus_ids=jnp.zeros((batch_size, cache_size), jnp.int32)))
+    return caches
 
   def extend(self, tokens: jax.Array, cache: list, start, *,
              positions: Optional[jax.Array] = None) -> tuple[jax.Array, list]:
@@ -261,11 +284,25 @@ class TransformerLM(nnx.Module):
         x = self.positional.add_to_embeddings(self.embed(tokens), positions)
     else:
       x = self.positional.add_to_embeddings(self.embed(tokens), positions)
+    if self.abacus is not None:
+      x, abacus_cache = self._add_abacus(x, tokens, cache[-1], start)
     new_cache = []
     for block, layer_cache in zip(self.blocks, cache):
       x, layer_cache = block.extend(x, layer_cache, start, positions)
       new_cache.append(layer_cache)
+    if self.abacus is not None:
+      new_cache.append(abacus_cache)
     return self.unembed(self.final_norm(x)).astype(jnp.float32), new_cache
+
+  def _add_abacus(self, x, tokens, cache, start):
+    """Abacus rows of tokens at slots start …, the run continuing from slot
+    start-1 (a slot always holding the token read there) -> (x, cache)."""
+    ids_cache = cache['abacus_ids']
+    start = jnp.asarray(start, jnp.int32)
+    before = jax.lax.dynamic_index_in_dim(ids_cache, jnp.maximum(start - 1, 0), 1, False)
+    ids = self.abacus.ids(tokens, previous_run=jnp.where(start > 0, before, 0))
+    return (self.abacus(x, ids),
+            dict(abacus_ids=jax.lax.dynamic_update_slice_in_dim(ids_cache, ids, start, 1)))
 
 
 def _check_encoding_layers(layers, num_layers: int, encoding, in_attention: bool) -> tuple:
@@ -289,100 +326,3 @@ def _check_encoding_layers(layers, num_layers: int, encoding, in_attention: bool
                      f'{num_layers - 1} (num_layers={num_layers}), at least one; or None for '
                      'every layer.')
   return tuple(sorted(int(i) for i in chosen))
-
-
-PROTOCOL = ('init_cache(batch_size, cache_size) -> cache and extend(tokens [B, S], cache, '
-            'start, *, positions=None) -> (logits [B, S, V], cache)')
-
-
-def check_cache_protocol(model, caller: str) -> None:
-  """TypeError naming the methods `caller` needs if `model` lacks them."""
-  missing = [m for m in ('init_cache', 'extend') if not callable(getattr(model, m, None))]
-  if missing:
-    raise TypeError(f'{caller} decodes with a key/value cache: the model needs {PROTOCOL}, '
-                    f'as TransformerLM has; {type(model).__name__} has no '
-                    f'{" or ".join(missing)}.')
-
-
-def _extend(model, tokens, cache, start, positions):
-  if positions is None:  # a model of its own may take no positions
-    return model.extend(tokens, cache, start)
-  return model.extend(tokens, cache, start, positions=positions)
-
-
-def greedy_predictions(model: TransformerLM, inputs: jax.Array,
-                       prompt_lengths: jax.Array,
-                       positions: Optional[jax.Array] = None, *,
-                       stop: Optional[jax.Array] = None) -> jax.Array:
-  """Greedy decoding through `model.extend` (any model with the cache
-  protocol, module docstring), rows with their own prompt lengths.
-
-  Position t reads `inputs[:, t]` while t < prompt_lengths (int `[B]`), else
-  the prediction at t-1, and predicts token t+1. Returns int32 `[B, T]`;
-  under teacher forcing the same predictions would come from `model(inputs)`
-  wherever every earlier prediction was right.
-
-  The prompt part all rows share is read in one pass (prefill); only the
-  rest is decoded token by token, up to `stop` (int, may be traced; default
-  T): positions from `stop` on are left 0, for callers that know where every
-  row ends.
-  """
-  check_cache_protocol(model, 'greedy_predictions')
-  b, t = inputs.shape
-  if positions is not None:
-    positions = jnp.broadcast_to(jnp.asarray(positions, jnp.int32), (b, t))
-  # Prefill with every token: slots past a row's prompt hold teacher-forced
-  # keys until decoding rewrites them, and `extend`'s causal mask hides every
-  # slot past the query, so none is read before it is rewritten.
-  logits, cache = _extend(model, inputs, model.init_cache(b, t), 0, positions)
-  predictions = jnp.argmax(logits, -1).astype(jnp.int32)
-  first = jnp.clip(jnp.min(prompt_lengths) - 1, 0, t)
-  stop = t if stop is None else jnp.clip(stop, first, t)
-  graphdef, state = nnx.split(model)  # a pure loop body: merge inside
-
-  def step(i, carry):
-    cache, predictions = carry
-    previous = jax.lax.dynamic_index_in_dim(predictions, jnp.maximum(i - 1, 0), 1, False)
-    token = jnp.where(i < prompt_lengths, inputs[:, i], previous)
-    pos = None if positions is None else jax.lax.dynamic_slice_in_dim(positions, i, 1, 1)
-    # Slot i of a cache of t slots, i < t: in range by construction (the
-    # traced check costs a few scalar operations).
-    logits, cache = _extend(nnx.merge(graphdef, state), token[:, None], cache, i, pos)
-    prediction = jnp.argmax(logits, -1).astype(jnp.int32)
-    return cache, jax.lax.dynamic_update_slice_in_dim(predictions, prediction, i, 1)
-
-  _, predictions = jax.lax.fori_loop(first, stop, step, (cache, predictions))
-  return jnp.where(jnp.arange(t) < stop, predictions, 0)
-
-
-def generate(model: TransformerLM, prompt: jax.Array, num_tokens: int, *,
-             positions: Optional[jax.Array] = None) -> jax.Array:
-  """Greedy generation with the key/value cache.
-
-  Args:
-    model: a `TransformerLM`, or any model with the cache protocol (module
-      docstring); a TypeError naming the methods otherwise.
-    prompt: int `[B, P]`, P >= 1 tokens.
-    num_tokens: how many tokens to append.
-    positions: optional int `[P + num_tokens]` or `[B, P + num_tokens]` for
-      the encoding (default 0 … P+num_tokens-1).
-
-  Returns:
-    int32 `[B, P + num_tokens]`: the prompt, then at each step the argmax of
-    the logits after the tokens so far — what re-running the model on the
-    growing sequence would pick.
-  """
-  check_cache_protocol(model, 'generate')
-  prompt = jnp.asarray(prompt, jnp.int32)
-  if prompt.ndim != 2 or prompt.shape[1] < 1:
-    raise ValueError(f'prompt must be int [batch, length >= 1], got shape {prompt.shape}.')
-  if num_tokens < 0:
-    raise ValueError(f'num_tokens must be >= 0, got {num_tokens}.')
-  (b, p), total = prompt.shape, prompt.shape[1] + num_tokens
-  if num_tokens == 0:
-    return prompt
-  # Greedy decoding of the prompt padded to `total`: prediction t is token t+1.
-  padded = jnp.concatenate([prompt, jnp.zeros((b, num_tokens), jnp.int32)], axis=1)
-  predictions = greedy_predictions(model, padded, jnp.full((b,), p, jnp.int32), positions,
-                                   stop=total - 1)
-  return jnp.concatenate([prompt, predictions[:, p - 1:total - 1]], axis=1)

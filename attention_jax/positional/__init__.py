@@ -15,6 +15,8 @@ Shapes of a bias, one convention:
   gates and their cumulative sums `[B, T, H]`, a `DifferenceBias`'s values.
 """
 
+from attention_jax.positional.abacus import Abacus
+from attention_jax.positional.abacus import abacus_ids
 from attention_jax.positional.alibi import ALiBi
 from attention_jax.positional.alibi import alibi_bias
 from attention_jax.positional.alibi import alibi_bias_at

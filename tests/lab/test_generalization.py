@@ -15,7 +15,7 @@ from flax import nnx
 import attention_jax as aj
 from attention_jax.lab import models
 from attention_jax.lab import tasks
-from attention_jax.nn.transformer import greedy_predictions
+from attention_jax.nn.decoding import greedy_predictions
 
 NEW = ('hard_alibi', 'learned_window')
 

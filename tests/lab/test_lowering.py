@@ -45,7 +45,7 @@ from attention_jax.lab.evaluate.lengths import evaluation_program
 from attention_jax.lab.train.loop import data_mesh
 from attention_jax.lab.train.optimizer import make_optimizer
 from attention_jax.lab.train.step import step_function
-from attention_jax.nn.transformer import generate
+from attention_jax.nn.decoding import generate
 from attention_jax.positional import registry
 from attention_jax.positional.rope import RopeScaling
 from configs import copy as copy_config

@@ -14,7 +14,7 @@ from absl.testing import parameterized
 from flax import nnx
 
 import attention_jax as aj
-from attention_jax.lab.tasks import copy as copy_tasks
+from attention_jax.lab import tasks as lab_tasks
 from attention_jax.lab.tasks import coupling as lab_coupling
 from attention_jax.nn.cache import check_cache
 from attention_jax.nn.transformer import TransformerLM
@@ -370,8 +370,8 @@ class CoupledPositionIdsTest(chex.TestCase, parameterized.TestCase):
 
   @parameterized.parameters('copy', 'reverse', 'duplicate')
   def test_library_ids_equal_the_labs(self, name):
-    task = copy_tasks.get_task(name)
-    lengths, total = jnp.array([1, 3, 4]), copy_tasks.sequence_length(task, 4)
+    task = lab_tasks.get_task(name)
+    lengths, total = jnp.array([1, 3, 4]), task.sequence_length(4)
     offset = jnp.array([1, 2, 5])
     chex.assert_trees_all_equal(
         aj.positional.coupled_position_ids(task.rule, lengths, total, offset,

@@ -10,7 +10,7 @@ from absl.testing import parameterized
 from flax import nnx
 
 import attention_jax as aj
-from attention_jax.nn.transformer import greedy_predictions
+from attention_jax.nn.decoding import greedy_predictions
 from tests import references
 
 B, T, H, D = 2, 37, 4, 8

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 
 from attention_jax.lab.tasks import coupling
 from attention_jax.lab.tasks import packing
+from attention_jax.positional.abacus import sample_offset
 from attention_jax.positional.randomized import random_positions
 
 PAD, BOS, SEP, EOS = 0, 1, 2, 3
@@ -238,8 +239,8 @@ def train_batch(task: Task, seed: int, step: jax.Array, *, batch_size: int,
     batch = with_random_positions(batch, jax.random.fold_in(key, 2), max_position, draw)
   if task.abacus_max_k:
     # Abacus (McLeish et al. 2024): one k per batch, as the official module draws it.
-    k = jax.random.randint(jax.random.fold_in(key, 4), (), 0, task.abacus_max_k + 1, jnp.int32)
-    batch = dict(batch, abacus_offset=jnp.full((batch_size,), k, jnp.int32))
+    batch = dict(batch, abacus_offset=sample_offset(jax.random.fold_in(key, 4),
+                                                    task.abacus_max_k, batch_size))
   return batch
 
 
