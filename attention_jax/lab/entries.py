@@ -101,6 +101,11 @@ def entry_config(config: ml_collections.ConfigDict, entry: str) -> ml_collection
   c = ml_collections.ConfigDict(config.to_dict())
   where = lambda name: f'study.variants.{name}' if name not in PARTS else f'entries.PARTS.{name}'
   if base in names and base not in PARTS:
+    if 'model.encoding' not in flatten(names[base]):
+      # Else the base config's encoding would stand in unnamed ('abacus' = fire:abacus).
+      example = ', '.join(f"'{e}{SEPARATOR}{base}'" for e in ('none', config.model.encoding))
+      raise ValueError(f'study entry {entry!r}: the variant {base!r} sets no model.encoding, so '
+                       f'it is a part: name the encoding it goes with, e.g. {example}.')
     _apply(c, where(base), names[base])
     c.model.variant = entry
   elif base in ENCODINGS:

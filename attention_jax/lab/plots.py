@@ -220,7 +220,7 @@ def plot_grid(rows: Sequence[dict], path: str, *, train_max: int) -> None:
                            squeeze=False)
   for ax in axes.flat[len(labels):]:
     ax.axis('off')
-  for ax, (task, label) in zip(axes.flat, labels):
+  for n, (ax, (task, label)) in enumerate(zip(axes.flat, labels)):
     sel = [r for r in rows if r['task'] == task and r['encoding'] == label]
     sizes = sorted({r['digits_a'] for r in sel} | {r['digits_b'] for r in sel})
     grid = np.full((len(sizes), len(sizes)), np.nan)
@@ -236,7 +236,8 @@ def plot_grid(rows: Sequence[dict], path: str, *, train_max: int) -> None:
     ax.set_xticks(range(len(sizes)), sizes, fontsize=7)
     ax.set_yticks(range(len(sizes)), sizes, fontsize=7)
     ax.set_xlabel('digits of b', fontsize=8)
-    ax.set_ylabel('digits of a', fontsize=8)
+    if n % columns == 0:  # one label per row of panels: no overlap with the next
+      ax.set_ylabel('digits of a', fontsize=8)
     ax.set_title(label if task == 'addition' else f'{task}: {label}', fontsize=9)
   fig.colorbar(image, ax=axes, shrink=0.8, label='exact match (mean over seeds)')
   fig.suptitle(f'Exact match; red: both operands within the training range (<= {train_max})',

@@ -189,7 +189,7 @@ def _config(arg='scale=tiny', **fields):
 class AdditionConfigTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
-      ('abacus_on_copy', 'scale=tiny,encoding=abacus', dict(task__name='copy',
+      ('abacus_on_copy', 'scale=tiny,encoding=none:abacus', dict(task__name='copy',
                                                             task__vocab_size=16, eval__grid=()),
        "Abacus embeddings .* task 'copy' has none"),
       ('abacus_with_hints', 'scale=tiny,encoding=fire:abacus:hints', {},
@@ -198,7 +198,7 @@ class AdditionConfigTest(parameterized.TestCase):
        'index hints .* and coupled positions do not combine'),
       ('too_few_hints', 'scale=tiny,encoding=fire:hints', dict(task__num_hints=3),
        r'task.num_hints=3 is below the 7 digits'),
-      ('abacus_table', 'scale=tiny,encoding=abacus', dict(model__abacus_embeddings=5),
+      ('abacus_table', 'scale=tiny,encoding=none:abacus', dict(model__abacus_embeddings=5),
        r'model.abacus_embeddings=5 is too small: .* set it >= '),
       ('grid_on_copy', 'scale=tiny', dict(task__name='copy', task__vocab_size=16),
        r'eval.grid=\(1, 6\) is a grid of two operand lengths'),
@@ -216,7 +216,7 @@ class AdditionConfigTest(parameterized.TestCase):
       validate.validate_config(_config(arg, **fields))
 
   @parameterized.parameters('none', 'rope:coupled', 'fire:hints', 'fire:randomized',
-                            'abacus', 'fire:abacus', 'windowed_rope:coupled')
+                            'none:abacus', 'fire:abacus', 'windowed_rope:coupled')
   def test_addition_entries_are_valid(self, entry):
     from attention_jax.lab import validate  # pylint: disable=import-outside-toplevel
     validate.validate_config(_config(f'scale=tiny,encoding={entry}'))

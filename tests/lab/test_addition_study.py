@@ -50,7 +50,7 @@ class GridTest(chex.TestCase):
   def test_addition_grid_table_figure_and_damage(self):
     rows = [dict(task='addition', encoding=e, seed=s, digits_a=a, digits_b=b,
                  exact_match=float(a + b <= 4), token_accuracy=1.0)
-            for e in ('rope:coupled', 'abacus') for s in (0, 1)
+            for e in ('rope:coupled', 'none:abacus') for s in (0, 1)
             for a in (1, 2, 4) for b in (1, 2, 4)]
     text = grid.grid_markdown(rows, train_max=2)
     self.assertIn('#### addition, abacus', text)
