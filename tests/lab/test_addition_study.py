@@ -53,7 +53,7 @@ class GridTest(chex.TestCase):
             for e in ('rope:coupled', 'none:abacus') for s in (0, 1)
             for a in (1, 2, 4) for b in (1, 2, 4)]
     text = grid.grid_markdown(rows, train_max=2)
-    self.assertIn('#### addition, abacus', text)
+    self.assertIn('#### addition, none:abacus', text)
     self.assertIn('| 1 | 100* | 100* | 0 |', text)
     folder = tempfile.mkdtemp()
     path = os.path.join(folder, 'grid.csv')
