@@ -300,7 +300,10 @@ class TransformerLM(nnx.Module):
     ids_cache = cache['abacus_ids']
     start = jnp.asarray(start, jnp.int32)
     before = jax.lax.dynamic_index_in_dim(ids_cache, jnp.maximum(start - 1, 0), 1, False)
-    ids = self.abacus.ids(tokens, previous_run=jnp.where(start > 0, before, 0))
+    # No offset when decoding: an id is at most the slots up to it, so a cache
+    # shorter than the table needs no per-step (host callback) check.
+    ids = self.abacus.ids(tokens, previous_run=jnp.where(start > 0, before, 0),
+                          check=ids_cache.shape[1] >= self.abacus.rows)
     return (self.abacus(x, ids),
             dict(abacus_ids=jax.lax.dynamic_update_slice_in_dim(ids_cache, ids, start, 1)))
 
