@@ -284,6 +284,7 @@ class MultiHeadAttention(KVCache, nnx.Module):
                positions: Optional[jnp.ndarray] = None,
                context_positions: Optional[jnp.ndarray] = None,
                kv_lengths: Optional[jnp.ndarray] = None,
+               distances: Optional[jnp.ndarray] = None,
                return_weights: bool = False, sow_weights: bool = False,
                deterministic: Optional[bool] = None, rngs=None,
                decode: Optional[bool] = None):
@@ -308,6 +309,8 @@ class MultiHeadAttention(KVCache, nnx.Module):
       context_positions: for the keys; default `positions` for
         self-attention, `0 … T_k-1` for cross-attention.
       kv_lengths: int `[B]`: keys at positions >= kv_lengths[b] are padding.
+      distances: int `[T_q, T_k]` or `[B, T_q, T_k]`, signed query-minus-key
+        distances replacing the positions' (`ScoreContext.distances`).
       return_weights: also return the attention weights (dense kernel).
       sow_weights: sow the weights (before dropout) as Flax does:
         `nnx.Intermediate` 'attention_weights' (dense kernel).
@@ -322,7 +325,12 @@ class MultiHeadAttention(KVCache, nnx.Module):
       T_k])` with `return_weights`.
     """
     x, context = call_inputs(x, context, inputs_q, inputs_k, inputs_v, is_causal, self.causal)
-    if self.decode if decode is None else decode:
+    decoding = self.decode if decode is None else decode
+    if distances is not None and (decoding or not self.positional.reads_distances):
+      raise ValueError(f'distances= is read in a full pass by encodings with reads_distances '
+                       f'(alibi, relative), not {type(self.positional).__name__} (decode='
+                       f'{decoding}).')
+    if decoding:
       return self._decode(x, context, positions, mask, bias, kv_lengths,
                           return_weights or sow_weights)
     self_attention = context is None
@@ -350,7 +358,8 @@ class MultiHeadAttention(KVCache, nnx.Module):
                     else self.positional.token_features(context)),
         causal=self.causal, window=self.sliding_window, kv_lengths=kv_lengths,
         mask=as_rank4('mask', mask),
-        q_history=q if self_attention and self.positional.reads_query_history else None))
+        q_history=q if self_attention and self.positional.reads_query_history else None,
+        distances=distances))
     weighted = return_weights or sow_weights or dropping
     if self.remainder is not None:
       v = self.remainder.values(v)

@@ -44,6 +44,7 @@ from flax import nnx
 from attention_jax.attention.scores import DenseBias
 from attention_jax.attention.scores import NoBias
 from attention_jax.attention.scores import ScoreSpec
+from attention_jax.attention.scores import relative_distance
 
 
 def real_option(encoding: str, name: str, value, *, above=None, at_least=None,
@@ -103,6 +104,10 @@ class ScoreContext:
   q_history: for an encoding with `reads_query_history`, the queries of every
     slot 0 … T_k-1 `[B, T_k, H, D]` (slot-aligned with k): q itself in a full
     self-attention pass, the cache's stored queries when decoding; else None.
+  distances: None, or int `[T_q, T_k]` (or `[B, T_q, T_k]`): the signed
+    query-minus-key distances to use instead of `q_positions - k_positions`,
+    for an encoding with `reads_distances` (Ruoss et al. 2023's randomized
+    relative encodings sample distances, which no positions produce).
   """
   q: jnp.ndarray
   k: jnp.ndarray
@@ -116,6 +121,13 @@ class ScoreContext:
   kv_lengths: Optional[jnp.ndarray] = None
   mask: Optional[jnp.ndarray] = None
   q_history: Optional[jnp.ndarray] = None
+  distances: Optional[jnp.ndarray] = None
+
+  def distance(self) -> jnp.ndarray:
+    """int32 `[..., T_q, T_k]`: `distances` if given, else q - k positions."""
+    if self.distances is not None:
+      return jnp.asarray(self.distances, jnp.int32)
+    return relative_distance(self.q_positions, self.k_positions)
 
   def visible(self) -> jnp.ndarray:
     """bool `[B|1, H|1, T_q, T_k]`: the keys each query may attend to, as the
@@ -176,6 +188,9 @@ class PositionalEncoding(nnx.Module):
   # default, as the official code of forgetting attention, CoPE and FIRE
   # does; False: one instance shared by every layer.
   per_layer = False
+  # Whether `score_contribution` honours `ScoreContext.distances` (ALiBi,
+  # Transformer-XL relative); attention refuses distances for the others.
+  reads_distances = False
   # Whether `score_contribution` reads earlier queries (`ScoreContext.q_history`;
   # Multi-Token Attention): self-attention passes them, a cache keeps them.
   reads_query_history = False

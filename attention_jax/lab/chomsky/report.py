@@ -1,0 +1,152 @@
+"""The suite's outputs: results.csv (one row per run), summary.md (the
+overview table, a table per task, the published numbers beside ours) and
+chomsky.png (tasks × encodings, grouped by Chomsky level, as the papers
+show them).
+
+A setting's score (task × encoding): its best run over seeds and learning
+rates (`max`, the papers' statistic), and the mean ± std over the seeds of
+the learning rate with the best mean.
+"""
+
+import csv
+import os
+
+import matplotlib
+matplotlib.use('Agg')
+import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+import numpy as np
+
+from attention_jax.lab.chomsky import published
+from attention_jax.lab.tasks.chomsky.registry import TASKS
+
+LEVEL_TITLES = {'regular': 'Regular (R)', 'context_free': 'Deterministic context-free (DCF)',
+                'context_sensitive': 'Context-sensitive (CS)'}
+SCORES = ('score_official', 'score_plain', 'in_range')
+
+
+def combine(records: list[dict]) -> dict:
+  """(task, encoding) -> {score: {'max', 'mean', 'std', 'learning_rate'}}."""
+  by_setting = {}
+  for r in records:
+    by_setting.setdefault((r['task'], r['encoding']), []).append(r)
+  out = {}
+  for key, group in by_setting.items():
+    scores = {}
+    for name in SCORES:
+      best = max(group, key=lambda r: r['scores'][name]['mean'])
+      scores[name] = dict(max=max(r['scores'][name]['max'] for r in group),
+                          mean=best['scores'][name]['mean'], std=best['scores'][name]['std'],
+                          learning_rate=best['learning_rate'])
+    out[key] = scores
+  return out
+
+
+def write_outputs(records: list[dict], config, workdir: str) -> None:
+  """results.csv, summary.md and chomsky.png into `workdir`."""
+  _write_csv(records, os.path.join(workdir, 'results.csv'))
+  combined = combine(records)
+  task_names = [t for t in config.tasks]
+  encodings = list(config.encodings)
+  with open(os.path.join(workdir, 'summary.md'), 'w') as f:
+    f.write(summary(combined, records, task_names, encodings, config))
+  figure(combined, task_names, encodings, os.path.join(workdir, 'chomsky.png'),
+         title=f'test lengths {config.train.max_length + 2}–{config.eval.max_length} '
+               f'after training on {config.train.min_length}–{config.train.max_length}')
+
+
+def _write_csv(records, path):
+  fields = ['task', 'level', 'encoding', 'learning_rate', 'seed', *SCORES]
+  with open(path + '.tmp', 'w', newline='') as f:
+    w = csv.DictWriter(f, fields)
+    w.writeheader()
+    for r in records:
+      for seed, s in zip(r['seeds'], r['per_seed']):
+        w.writerow(dict(task=r['task'], level=r['level'], encoding=r['encoding'],
+                        learning_rate=r['learning_rate'], seed=seed,
+                        **{k: f'{s[k]:.4f}' for k in SCORES}))
+  os.replace(path + '.tmp', path)
+
+
+def _level(task_name, records):
+  del records
+  return TASKS[task_name].level
+
+
+def _pct(x):
+  return f'{100 * x:.1f}'
+
+
+def summary(combined, records, task_names, encodings, config) -> str:
+  """summary.md's text (module docstring)."""
+  t, e = config.train, config.eval
+  lines = [
+      '# DeepMind length-generalization suite: the encoder protocol', '',
+      f'Trained on lengths {t.min_length}–{t.max_length} ({t.steps:,} steps, batch '
+      f'{t.batch_size}, {config.model.num_layers} layers, d_model {config.model.d_model}); '
+      f'evaluated on {e.min_length}–{e.max_length}, {e.samples} samples per length; seeds '
+      f'{tuple(config.seeds)}, learning rates {tuple(config.learning_rates)}.', '',
+      f'**Score** (accuracy %, their average: test lengths {t.max_length + 2}–{e.max_length}, '
+      f'skipping {t.max_length + 1} as their code does): the best run over seeds and learning '
+      'rates, as the papers report it, then the mean ± std over seeds.', '',
+      '| level | task | ' + ' | '.join(encodings) + ' |',
+      '|---|---|' + '---|' * len(encodings)]
+  for name in task_names:
+    cells = []
+    for enc in encodings:
+      s = combined.get((name, enc))
+      cells.append('–' if s is None else
+                   f'{_pct(s["score_official"]["max"])} ({_pct(s["score_official"]["mean"])}'
+                   f' ± {_pct(s["score_official"]["std"])})')
+    lines.append(f'| {_level(name, records)} | {name} | ' + ' | '.join(cells) + ' |')
+  lines += ['', '## Per task', '',
+            f'`official`: lengths {t.max_length + 2}–{e.max_length} (their average); '
+            f'`plain`: {t.max_length + 1}–{e.max_length}; `in range`: the training lengths '
+            f'{e.min_length}–{t.max_length} evaluated. Max over runs, then mean ± std.', '']
+  for name in task_names:
+    lines += [f'### {name} ({_level(name, records)})', '',
+              '| encoding | official max | official mean ± std | plain max | plain mean ± std '
+              '| in range (mean) | published (Ruoss et al. 2023) |',
+              '|---|---|---|---|---|---|---|']
+    for enc in encodings:
+      s = combined.get((name, enc))
+      if s is None:
+        continue
+      o, p, r = s['score_official'], s['score_plain'], s['in_range']
+      pub = published.ruoss_2023(name, enc)
+      lines.append(f'| {enc} | {_pct(o["max"])} | {_pct(o["mean"])} ± {_pct(o["std"])} | '
+                   f'{_pct(p["max"])} | {_pct(p["mean"])} ± {_pct(p["std"])} | '
+                   f'{_pct(r["mean"])} | {"–" if pub is None else f"{pub:.1f}"} |')
+    lines.append('')
+  lines += [f'Published values: {published.RUOSS_2023_SOURCE}', '']
+  return '\n'.join(lines)
+
+
+def figure(combined, task_names, encodings, path: str, title: str = '') -> None:
+  """Heatmap of the official score (best run, %), tasks grouped by level."""
+  grid = np.full((len(task_names), len(encodings)), np.nan)
+  for i, name in enumerate(task_names):
+    for j, enc in enumerate(encodings):
+      s = combined.get((name, enc))
+      if s is not None:
+        grid[i, j] = 100 * s['score_official']['max']
+  fig, ax = plt.subplots(figsize=(1.0 * len(encodings) + 3.5, 0.42 * len(task_names) + 1.8))
+  image = ax.imshow(grid, cmap='viridis', vmin=0, vmax=100, aspect='auto')
+  for i in range(grid.shape[0]):
+    for j in range(grid.shape[1]):
+      if not np.isnan(grid[i, j]):
+        ax.text(j, i, f'{grid[i, j]:.0f}', ha='center', va='center', fontsize=7,
+                color='white' if grid[i, j] < 60 else 'black')
+  ax.set_xticks(range(len(encodings)), encodings, rotation=40, ha='right', fontsize=8)
+  levels = [TASKS[name].level for name in task_names]
+  ax.set_yticks(range(len(task_names)),
+                [f'{n} [{LEVEL_TITLES[lv].split("(")[1][:-1]}]' for n, lv in
+                 zip(task_names, levels)], fontsize=8)
+  for i in range(1, len(levels)):
+    if levels[i] != levels[i - 1]:
+      ax.axhline(i - 0.5, color='white', linewidth=2.5)
+  fig.colorbar(image, ax=ax, label='accuracy on test lengths (%), best run')
+  ax.set_title(title, fontsize=9)
+  fig.tight_layout()
+  fig.savefig(path + '.tmp.png', dpi=130)
+  plt.close(fig)
+  os.replace(path + '.tmp.png', path)

@@ -1,0 +1,247 @@
+"""Training and evaluation of one setting (task × encoding × learning rate)
+under the encoder protocol, every seed at once (`jax.vmap` over seeds).
+
+Training follows their `experiments/training.py`: Adam after clipping the
+gradients' global norm, one length per batch drawn uniformly from the
+training range (`UniformCurriculum`), dropout on. The seed draws the
+parameters and the data, as theirs seeds both. Every batch is a pure
+function of `(seed, step)`, made on device `chunk` steps at a time by the
+task's compiled generator; the compiled train step (a `scan` over the chunk)
+takes the batches as arrays, so tasks of one padded shape share it.
+
+Shared shapes: every task is laid out with the suite's common vocabulary
+(the largest `input_size` + 1) and class count, its own classes marked by
+`num_classes`: the head's other logits are masked out (a finite large
+negative), so they get no gradient and Adam never moves them, and the
+embedding rows of symbols a task never uses are never read. The model is
+then the official one for that task, with a few inert parameters, and one
+compiled program serves every task of a shape (`layout.padded_slots`).
+
+Evaluation follows `experiments/range_evaluation.py`: every length of the
+evaluation range, `samples` examples in sub-batches of `sub_batch`, the
+accuracy at a length the mean of the sub-batches' (`protocol`), dropout off,
+randomized positions drawn as in training. Its data come from `eval.seed`
+only, so every seed, encoding and learning rate is scored on the same
+examples.
+"""
+
+import math
+import time
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from flax import nnx
+
+from attention_jax.lab.chomsky import layout
+from attention_jax.lab.chomsky import protocol
+from attention_jax.lab.tasks.chomsky.spec import ChomskyTask
+from attention_jax.nn.encoder import TransformerEncoder
+from attention_jax.positional import parse_encoding_spec
+
+def noise_kind(encoding: str) -> Optional[str]:
+  """How 'NAME:randomized' draws (`layout.NOISE_KINDS`); None when not
+  randomized. A ValueError names an encoding their code does not randomize."""
+  name, randomized = parse_encoding_spec(encoding)
+  if not randomized:
+    return None
+  if name not in layout.NOISE_KINDS:
+    raise ValueError(f'encoding {encoding!r}: the encoder protocol randomizes positions as '
+                     f"DeepMind's code does, which it defines for {sorted(layout.NOISE_KINDS)}.")
+  return layout.NOISE_KINDS[name]
+
+
+def sizes(tasks: list[ChomskyTask]) -> tuple[int, int]:
+  """(vocabulary, classes) shared by `tasks`: the largest input_size + 1
+  (the blank), the largest output_size (module docstring)."""
+  return max(t.input_size for t in tasks) + 1, max(t.output_size for t in tasks)
+
+
+def build_model(encoding: str, config: ml_collections.ConfigDict, seed: int, *,
+                vocab_size: int, num_classes: int, slots: int) -> TransformerEncoder:
+  """The encoder of `config.model` for `slots` tokens at most."""
+  m = config.model
+  name = parse_encoding_spec(encoding)[0]
+  groups = m.get('encoding_options') or {}
+  options = dict(groups.get(name) or {})
+  return TransformerEncoder(
+      vocab_size=vocab_size, output_size=num_classes, d_model=m.d_model,
+      num_heads=m.num_heads, num_layers=m.num_layers, mlp_dim=m.mlp_factor * m.d_model,
+      encoding=name, max_positions=m.noise_max_length if noise_kind(encoding) else slots,
+      encoding_options=options, dropout_rate=m.dropout, rngs=nnx.Rngs(params=seed))
+
+
+def _masked_logits(logits, num_classes):
+  """The head's logits with classes >= num_classes (another task's) masked."""
+  keep = jnp.arange(logits.shape[-1]) < num_classes
+  return jnp.where(keep, logits, -1e9)
+
+
+class Programs:
+  """The compiled programs of one suite run, keyed by what shapes them, so
+  that settings of one shape share them (no global state: one per run)."""
+
+  def __init__(self, config: ml_collections.ConfigDict, vocab_size: int, num_classes: int):
+    self.config, self.vocab_size, self.num_classes = config, vocab_size, num_classes
+    self._cache = {}
+
+  def _get(self, key, make):
+    if key not in self._cache:
+      self._cache[key] = make()
+    return self._cache[key]
+
+  def models(self, encoding, seeds, slots):
+    """(graphdef, params stacked over seeds `[S, …]`, the rest of the state)."""
+    models = [build_model(encoding, self.config, s, vocab_size=self.vocab_size,
+                          num_classes=self.num_classes, slots=slots) for s in seeds]
+    graphdef, _, rest = nnx.split(models[0], nnx.Param, ...)
+    params = jax.tree.map(lambda *a: jnp.stack(a),
+                          *[nnx.split(m, nnx.Param, ...)[1] for m in models])
+    return graphdef, params, rest
+
+  def forward(self, graphdef, rest, params, batch, noise_key, kind, *, dropout_key=None):
+    """Masked logits `[B, T, C]` of one model on one batch."""
+    model = nnx.merge(graphdef, params, rest)
+    noise = {} if kind is None else layout.noisy_positions(
+        kind, noise_key, batch['lengths'], slots=batch['tokens'].shape[1],
+        num_layers=self.config.model.num_layers,
+        noise_max_length=self.config.model.noise_max_length)
+    kwargs = dict(deterministic=True) if dropout_key is None else dict(
+        deterministic=False, rngs=nnx.Rngs(dropout=dropout_key))
+    logits = model(batch['tokens'], lengths=batch['lengths'], **noise, **kwargs)
+    return _masked_logits(logits, batch['num_classes'][0])
+
+  def train_data(self, task: ChomskyTask, slots: int):
+    """jit (seeds int32 [S], start) -> batches `[S, chunk, …]`, one per step
+    `start …`, and each step's noise and dropout keys."""
+    t = self.config.train
+
+    def one(seed, index):
+      key = jax.random.fold_in(jax.random.key(seed), index)
+      length_key, data_key, noise_key, dropout_key = jax.random.split(key, 4)
+      length = jax.random.randint(length_key, (), t.min_length, t.max_length + 1, jnp.int32)
+      batch = layout.encoder_batch(task, data_key, length, batch_size=t.batch_size,
+                                   max_length=t.max_length, slots=slots)
+      return dict(batch, noise_key=jax.random.key_data(noise_key),
+                  dropout_key=jax.random.key_data(dropout_key))
+
+    def make():
+      steps = lambda seed, start: jax.vmap(lambda i: one(seed, i))(start + jnp.arange(t.chunk))
+      return jax.jit(jax.vmap(steps, in_axes=(0, None)))
+    return self._get(('train_data', task.name, slots), make)
+
+  def train_chunk(self, graphdef, rest, encoding: str, learning_rate: float, slots: int):
+    """jit (params, opt_state, batches) -> (params, opt_state, loss [S], accuracy [S])."""
+    kind = noise_kind(encoding)
+    tx = optimizer(self.config, learning_rate)
+
+    def step(carry, batch):
+      params, opt_state = carry
+      keys = {k: jax.random.wrap_key_data(batch.pop(k)) for k in ('noise_key', 'dropout_key')}
+
+      def loss_fn(p):
+        logits = self.forward(graphdef, rest, p, batch, keys['noise_key'], kind,
+                              dropout_key=keys['dropout_key'])
+        return protocol.loss_and_accuracy(logits, batch)
+
+      (loss, accuracy), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+      updates, opt_state = tx.update(grads, opt_state, params)
+      return (optax.apply_updates(params, updates), opt_state), (loss, accuracy)
+
+    def one(params, opt_state, batches):
+      (params, opt_state), (loss, acc) = jax.lax.scan(step, (params, opt_state), batches)
+      return params, opt_state, jnp.mean(loss), jnp.mean(acc)
+
+    make = lambda: (tx, jax.jit(jax.vmap(one), donate_argnums=(0, 1)))
+    return self._get(('train_chunk', encoding, float(learning_rate), slots), make)
+
+  def eval_data(self, task: ChomskyTask, slots: int, padded: int):
+    """jit length -> the `samples // sub_batch` sub-batches at that length."""
+    e = self.config.eval
+
+    def at(n):
+      keys = jax.random.split(jax.random.fold_in(jax.random.key(e.seed), n),
+                              e.samples // e.sub_batch)
+
+      def sub(k):
+        data_key, noise_key = jax.random.split(k)
+        batch = layout.encoder_batch(task, data_key, n, batch_size=e.sub_batch,
+                                     max_length=padded, slots=slots)
+        return dict(batch, noise_key=jax.random.key_data(noise_key))
+      return jax.vmap(sub)(keys)
+    return self._get(('eval_data', task.name, slots, padded), lambda: jax.jit(at))
+
+  def eval_accuracy(self, graphdef, rest, encoding: str, slots: int):
+    """jit (params [S, …], sub-batches) -> accuracy [S], their mean of the
+    sub-batches' accuracies."""
+    kind = noise_kind(encoding)
+
+    def one(params, batches):
+      def sub(batch):
+        key = jax.random.wrap_key_data(batch.pop('noise_key'))
+        return protocol.batch_accuracy(self.forward(graphdef, rest, params, batch, key, kind),
+                                       batch)
+      return jnp.mean(jax.lax.map(sub, batches))
+    make = lambda: jax.jit(jax.vmap(one, in_axes=(0, None)))
+    return self._get(('eval_accuracy', encoding, slots), make)
+
+
+def optimizer(config: ml_collections.ConfigDict, learning_rate: float):
+  """Theirs: `optax.chain(clip_by_global_norm(max_grad_norm), adam(lr))`."""
+  return optax.chain(optax.clip_by_global_norm(config.train.max_grad_norm),
+                     optax.adam(learning_rate))
+
+
+def train(programs: Programs, task: ChomskyTask, encoding: str, seeds: list[int],
+          learning_rate: float, progress: Callable[[str], None] = print):
+  """Trains one model per seed -> (graphdef, params `[S, …]`, rest, log: per
+  chunk {'step', 'loss', 'accuracy'}, means over seeds)."""
+  t = programs.config.train
+  if t.steps % t.chunk:
+    raise ValueError(f'train.steps={t.steps} must be a multiple of train.chunk={t.chunk}.')
+  slots = layout.padded_slots(task, t.max_length)
+  graphdef, params, rest = programs.models(encoding, seeds, layout.padded_slots(
+      task, programs.config.eval.max_length))
+  tx, chunk = programs.train_chunk(graphdef, rest, encoding, learning_rate, slots)
+  data = programs.train_data(task, slots)
+  opt_state = jax.vmap(tx.init)(params)
+  seed_array = jnp.asarray(seeds, jnp.int32)
+  log, begun = [], time.time()
+  for start in range(0, t.steps, t.chunk):
+    batches = dict(data(seed_array, start), num_classes=None)
+    batches['num_classes'] = jnp.full(batches['lengths'].shape[:2] + (1,), task.output_size,
+                                      jnp.int32)
+    params, opt_state, loss, acc = chunk(params, opt_state, batches)
+    done = start + t.chunk
+    log.append(dict(step=done, loss=float(jnp.mean(loss)), accuracy=float(jnp.mean(acc))))
+    if done % t.log_every == 0 or done == t.steps:
+      progress(f'    step {done}/{t.steps}: loss {log[-1]["loss"]:.3f}, train accuracy '
+               f'{log[-1]["accuracy"]:.3f} ({time.time() - begun:.0f}s)')
+  return graphdef, params, rest, log
+
+
+def evaluation_lengths(config: ml_collections.ConfigDict) -> list[int]:
+  """The lengths evaluated: eval.min_length … eval.max_length."""
+  return list(range(config.eval.min_length, config.eval.max_length + 1))
+
+
+def evaluate(programs: Programs, task: ChomskyTask, encoding: str, graphdef, params,
+             rest) -> np.ndarray:
+  """Accuracy per seed and length, float `[S, len(evaluation_lengths)]`.
+  Lengths are padded to buckets of `eval.bucket` symbols (one compiled
+  program per bucket; 0: one bucket, the longest length)."""
+  e = programs.config.eval
+  bucket = e.bucket or e.max_length
+  columns = []
+  for n in evaluation_lengths(programs.config):
+    padded = min(e.max_length, bucket * math.ceil(n / bucket))
+    slots = layout.padded_slots(task, padded)
+    batches = programs.eval_data(task, slots, padded)(jnp.int32(n))
+    batches['num_classes'] = jnp.full(batches['lengths'].shape[:1] + (1,), task.output_size,
+                                      jnp.int32)
+    accuracy = programs.eval_accuracy(graphdef, rest, encoding, slots)(params, batches)
+    columns.append(np.asarray(accuracy))
+  return np.stack(columns, axis=1)

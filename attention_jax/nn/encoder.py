@@ -1,0 +1,154 @@
+"""A bidirectional transformer encoder that writes every output at once: the
+model of Delétang et al. 2023 and Ruoss et al. 2023
+(google-deepmind/randomized_positional_encodings, `models/transformer.py`
+`TransformerEncoder` and `make_transformer`).
+
+Post-LayerNorm blocks, as theirs:
+
+    h = LayerNorm(h + dropout(MHA(h)))
+    h = LayerNorm(h + dropout(W_2 relu(W_1 h)))
+
+with bias-free Q/K/V/O projections, an FFN `mlp_dim` wide (theirs: 4 ×
+d_model) with biases, dropout on the embeddings (after an encoding added to
+them) and on both residual branches (none on the attention weights), no
+final LayerNorm, and a linear head with a bias to `output_size` classes at
+every position. Token embeddings are drawn from a normal truncated at ±2
+standard deviations with stddev 0.02 (Haiku's `TruncatedNormal`, which does
+not rescale for the truncation) and multiplied by √d_model; the other
+weights use Haiku's default, the same truncated normal with stddev
+1/√fan_in; LayerNorm's epsilon is Haiku's 1e-5.
+
+Positions: `positions` `[T]` or `[B, T]` for every layer, or
+`layer_positions` `[num_layers, T]` / `[num_layers, B, T]`, one set per layer
+(the official randomized RoPE draws anew in each layer; an encoding added to
+the embeddings reads the first). `distances` `[num_layers, T, T]` (or
+`[num_layers, B, T, T]`): signed
+distances per layer for encodings that read them (randomized ALiBi and
+relative, `ScoreContext.distances`). Padding: keys at index >= `lengths[b]`
+are masked (`kv_lengths`), so a batch padded past its examples attends as
+the unpadded one does.
+"""
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from attention_jax.nn.attention import MultiHeadAttention
+from attention_jax.positional import make_encoding
+
+
+def haiku_truncated_normal(stddev: Optional[float] = None):
+  """Haiku's `TruncatedNormal`: stddev × a normal truncated to [-2, 2] (no
+  rescaling); stddev None: 1/√fan_in, Haiku's `Linear` default."""
+  def init(key, shape, dtype=jnp.float32):
+    scale = stddev if stddev is not None else 1.0 / np.sqrt(int(np.prod(shape[:-1])))
+    return (scale * jax.random.truncated_normal(key, -2.0, 2.0, shape)).astype(dtype)
+  return init
+
+
+def _linear(d_in, d_out, rngs, use_bias=True):
+  return nnx.Linear(d_in, d_out, use_bias=use_bias, kernel_init=haiku_truncated_normal(),
+                    rngs=rngs)
+
+
+class EncoderBlock(nnx.Module):
+  """Post-LN block: bidirectional self-attention, then a ReLU FFN."""
+
+  def __init__(self, d_model, num_heads, mlp_dim, encoding, *, dropout_rate, rngs):
+    self.attention = MultiHeadAttention(d_model, num_heads, causal=False, encoding=encoding,
+                                        rngs=rngs)
+    for name in ('W_Q', 'W_K', 'W_V', 'W_O'):  # Haiku's Linear init, as theirs
+      kernel = getattr(self.attention, name).kernel
+      kernel[...] = haiku_truncated_normal(1.0 / np.sqrt(d_model))(rngs.params(),
+                                                                  kernel[...].shape)
+    self.attention_norm = nnx.LayerNorm(d_model, epsilon=1e-5, rngs=rngs)
+    self.mlp_in = _linear(d_model, mlp_dim, rngs)
+    self.mlp_out = _linear(mlp_dim, d_model, rngs)
+    self.mlp_norm = nnx.LayerNorm(d_model, epsilon=1e-5, rngs=rngs)
+    self.dropout = nnx.Dropout(dropout_rate)
+
+  def __call__(self, h, *, positions, distances, kv_lengths, deterministic, rngs):
+    """h `[B, T, d_model]` -> `[B, T, d_model]`."""
+    a = self.attention(h, positions=positions, distances=distances, kv_lengths=kv_lengths)
+    h = self.attention_norm(h + self.dropout(a, deterministic=deterministic, rngs=rngs))
+    f = self.mlp_out(jax.nn.relu(self.mlp_in(h)))
+    return self.mlp_norm(h + self.dropout(f, deterministic=deterministic, rngs=rngs))
+
+
+class TransformerEncoder(nnx.Module):
+  """tokens `[B, T]` -> logits float32 `[B, T, output_size]`, bidirectional.
+
+  Args:
+    vocab_size: input token ids 0 … vocab_size-1.
+    output_size: classes of the head.
+    d_model, num_heads, num_layers, mlp_dim: sizes (theirs: 64, 8, 5, 256).
+    encoding: a registry name; one built with `causal=False` (an encoding
+      that is causal by construction refuses, naming why). One instance per
+      layer (the official layers each hold their own relative parameters).
+    max_positions: positions the encoding must serve (randomized: the
+      noise range, theirs 2,048).
+    encoding_options: keyword options of the encoding's `build`.
+    dropout_rate: theirs 0.1; needs `rngs` with a 'dropout' stream.
+    rngs: `nnx.Rngs` (params, dropout).
+  """
+
+  def __init__(self, *, vocab_size: int, output_size: int, d_model: int, num_heads: int,
+               num_layers: int, mlp_dim: int, encoding: str = 'none',
+               max_positions: Optional[int] = None, encoding_options: Optional[dict] = None,
+               dropout_rate: float = 0.0, rngs: nnx.Rngs):
+    self.vocab_size, self.num_layers = vocab_size, num_layers
+    self.embed = nnx.Embed(vocab_size, d_model, embedding_init=haiku_truncated_normal(0.02),
+                           rngs=rngs)
+    self.scale = float(np.sqrt(d_model))
+    build = lambda: make_encoding(encoding, d_model=d_model, num_heads=num_heads,
+                                  max_positions=max_positions, causal=False, rngs=rngs,
+                                  **(encoding_options or {}))
+    self.positional = build()
+    in_attention = self.positional.acts_in_attention
+    self.blocks = nnx.List([
+        EncoderBlock(d_model, num_heads, mlp_dim,
+                     (self.positional if i == 0 else build()) if in_attention else None,
+                     dropout_rate=dropout_rate, rngs=rngs)
+        for i in range(num_layers)])
+    self.dropout = nnx.Dropout(dropout_rate)
+    self.head = _linear(d_model, output_size, rngs)
+
+  def __call__(self, tokens: jax.Array, *, lengths: Optional[jax.Array] = None,
+               positions: Optional[jax.Array] = None,
+               layer_positions: Optional[jax.Array] = None,
+               distances: Optional[jax.Array] = None,
+               deterministic: bool = True, rngs: Optional[nnx.Rngs] = None) -> jax.Array:
+    """tokens int `[B, T]`; lengths int `[B]` (keys past them are padding);
+    positions `[T]` / `[B, T]` for every layer, or layer_positions `[L, T]` /
+    `[L, B, T]` one set per layer (the embeddings read layer 0's);
+    distances `[L, T, T]` / `[L, B, T, T]` per layer."""
+    if tokens.ndim != 2:
+      raise ValueError(f'tokens must be [batch, length], got shape {tokens.shape}.')
+    t, n = tokens.shape[1], self.num_layers
+    if positions is not None and layer_positions is not None:
+      raise ValueError('give positions (shared by the layers) or layer_positions, not both.')
+    if layer_positions is not None:
+      _check_layers('layer_positions', layer_positions, n, (t,))
+      per_layer = list(layer_positions)
+    else:
+      per_layer = [np.arange(t, dtype=np.int32) if positions is None else positions] * n
+    if distances is not None:
+      _check_layers('distances', distances, n, (t, t))
+    h = self.positional.add_to_embeddings(self.embed(tokens) * self.scale, per_layer[0])
+    h = self.dropout(h, deterministic=deterministic, rngs=rngs)
+    for i, block in enumerate(self.blocks):
+      h = block(h, positions=per_layer[i], distances=None if distances is None else distances[i],
+                kv_lengths=lengths, deterministic=deterministic, rngs=rngs)
+    return self.head(h).astype(jnp.float32)
+
+
+def _check_layers(name: str, values, num_layers: int, trailing: tuple) -> None:
+  """ValueError unless `values` is `[num_layers, (B,) *trailing]`."""
+  shape = tuple(np.shape(values))
+  if (len(shape) not in (1 + len(trailing), 2 + len(trailing)) or shape[0] != num_layers
+      or shape[len(shape) - len(trailing):] != trailing):
+    raise ValueError(f'{name} of shape {shape}: expected [{num_layers}, (batch,) '
+                     f'{", ".join(map(str, trailing))}] (one per layer).')
