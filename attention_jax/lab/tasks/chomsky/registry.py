@@ -1,0 +1,27 @@
+"""The 15 tasks by name, in the papers' order (`TASKS`), and `get_task`."""
+
+
+from attention_jax.lab.tasks.chomsky import binary
+from attention_jax.lab.tasks.chomsky import expressions
+from attention_jax.lab.tasks.chomsky import regular
+from attention_jax.lab.tasks.chomsky import strings
+from attention_jax.lab.tasks.chomsky.spec import LEVELS
+from attention_jax.lab.tasks.chomsky.spec import ChomskyTask
+
+# In the papers' order: by level, then as their tables list them.
+_ORDER = ('even_pairs', 'modular_arithmetic', 'parity_check', 'cycle_navigation',
+          'stack_manipulation', 'reverse_string', 'modular_arithmetic_brackets',
+          'solve_equation', 'duplicate_string', 'missing_duplicate_string', 'odds_first',
+          'binary_addition', 'binary_multiplication', 'compute_sqrt', 'bucket_sort')
+_ALL = {**regular.TASKS, **strings.TASKS, **binary.TASKS, **expressions.TASKS}
+TASKS = {name: _ALL[name] for name in _ORDER}
+
+
+def get_task(name: str) -> ChomskyTask:
+  """The task registered as `name`; a ValueError lists the known ones."""
+  if name not in TASKS:
+    raise ValueError(f'unknown task {name!r}; choose one of {list(TASKS)}.')
+  return TASKS[name]
+
+
+__all__ = ['ChomskyTask', 'LEVELS', 'TASKS', 'get_task']
