@@ -26,6 +26,7 @@ from attention_jax.positional.p_rope import PRoPE
 from attention_jax.positional.rope import RoPE
 from attention_jax.positional.sinusoidal import Sinusoidal
 from attention_jax.positional.t5 import T5RelativeBias
+from attention_jax.positional.transformer_xl import TransformerXL
 from attention_jax.positional.windowed_rope import WindowedRoPE
 from attention_jax.positional.xpos import XPos
 
@@ -46,6 +47,7 @@ ENCODINGS = {
     'fox': FoX,  # Lin et al. 2025: forget gates σ(w·x + b), bias Σ log f between key and query
     'cope': CoPE,  # Golovneva et al. 2024: positions counted by gates σ(q·k/√D), O(T²)
     'dape': DAPE,  # Zheng et al. 2024: KERPLE/ALiBi bias + an MLP of (q·k/√D, bias) over heads, O(T²)
+    'relative': TransformerXL,  # Dai et al. 2019 as Delétang/Ruoss et al. 2023: u, v, sin/cos keys
     'mta': MultiTokenAttention,  # Golovneva et al. 2025: NoPE scores convolved over queries × keys, O(T²)
 }
 

@@ -1,0 +1,95 @@
+"""'relative': Transformer-XL's relative attention (Dai et al. 2019), as
+Delétang et al. 2023 and Ruoss et al. 2023 use it
+(google-deepmind/randomized_positional_encodings, `models/
+positional_encodings.py` `compute_attention_with_relative_encodings`).
+
+For query i and key j, with R(p) the sinusoid of relative position p = j - i
+(base 10000, all d_model dimensions) and learned per-head vectors u, v:
+
+    score(i, j) = ((q_i + u)·k_j + (q_i + v)·W_r R(j - i)) / √D
+
+where W_r is a bias-free d_model × d_model projection split into heads.
+Here q·k/√D is the attention's own score; this encoding adds the rest,
+(u·k_j + (q_i + v)·W_r R(j - i)) / √D, as a dense bias, equal to their
+bidirectional scores (R over both signs, their `add_negative_side`; tested).
+Causal modules use the same R(j - i), the mask hiding j > i (their causal
+path, which the benchmark's encoder never takes, shifts a table without the
+negative side another way; not followed).
+
+Relative positions come from the call's positions (k_position - q_position),
+or from `ScoreContext.distances` (query minus key) when given: Ruoss et al.'s
+randomized version samples the distances (`lab/chomsky/layout.py`). Their
+noisy code at e8c6474 shifts the sampled indices by +noise_max_length into a
+table of noise_max_length rows without its negative side, so half of them
+land past the table, where JAX clamps silently; the paper describes sin/cos
+of the sampled signed distance, which is what is computed here (any
+distance, no table).
+
+Their sin/cos put all sines first; ours interleave (`sinusoidal_at`): a
+fixed permutation of R's dimensions, which the i.i.d.-initialised W_r reads
+the same in distribution. Parameters at `u`, `v` (`[H, D]`, normal 0.02, as
+their `relpos_contentbias`/`relpos_relativebias`) and `W_r`.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from attention_jax.attention.scores import DenseBias
+from attention_jax.positional.base import PositionalEncoding
+from attention_jax.positional.base import ScoreContext
+from attention_jax.positional.sinusoidal import sinusoidal_at
+
+ORIGIN = "the relative attention of Transformer-XL ('relative')"
+
+
+def _truncated_normal(stddev):
+  def init(key, shape, dtype=jnp.float32):
+    return (stddev * jax.random.truncated_normal(key, -2.0, 2.0, shape)).astype(dtype)
+  return init
+
+
+class TransformerXL(PositionalEncoding):
+  """'relative': content bias u, position bias v, sinusoidal relative keys."""
+  reads_distances = True
+  per_layer = True  # their layers each hold their own u, v and W_r
+
+  def __init__(self, d_model: int, num_heads: int, causal: bool, *, rngs: nnx.Rngs,
+               base: float = 10000.0):
+    if d_model % num_heads or d_model % 2:
+      raise ValueError(f'relative: d_model={d_model} must be even and divisible by '
+                       f'num_heads={num_heads}.')
+    self.d_model, self.num_heads, self.causal, self.base = d_model, num_heads, causal, base
+    head_dim = d_model // num_heads
+    normal = nnx.initializers.normal(0.02)
+    self.u = nnx.Param(normal(rngs.params(), (num_heads, head_dim)))
+    self.v = nnx.Param(normal(rngs.params(), (num_heads, head_dim)))
+    # Haiku's Linear default: a truncated normal of stddev 1/sqrt(fan_in).
+    self.W_r = nnx.Linear(d_model, d_model, use_bias=False,
+                          kernel_init=_truncated_normal(1.0 / np.sqrt(d_model)), rngs=rngs)
+
+  @classmethod
+  def build(cls, *, d_model, num_heads, max_positions, causal, rngs, base=10000.0):
+    del max_positions  # any relative position: computed, no table
+    return cls(d_model, num_heads, causal, rngs=rngs, base=base)
+
+  def score_contribution(self, context: ScoreContext) -> DenseBias:
+    """-> `DenseBias` float32 `[B, H, T_q, T_k]` (module docstring)."""
+    q, k = context.q.astype(jnp.float32), context.k.astype(jnp.float32)
+    b, t_q, h, d = q.shape
+    if h != self.num_heads or k.shape[2] != h:
+      raise ValueError(f'relative: built for {self.num_heads} heads (and as many key/value '
+                       f'heads), got q {q.shape} and k {k.shape}.')
+    relative = -context.distance()  # key minus query: [T_q, T_k] or [B, T_q, T_k]
+    features = sinusoidal_at(relative, self.d_model, self.base)  # [(B,) T_q, T_k, d_model]
+    kernel = self.W_r.kernel[...].astype(jnp.float32).reshape(self.d_model, h, d)
+    # (q + v)·W_r R = R·z with z = W_r (q + v), per head: no [T, T, H, D] keys.
+    z = jnp.einsum('bihd,ehd->bihe', q + self.v[...][None, None], kernel)
+    if features.ndim == 3:
+      positional = jnp.einsum('bihe,ije->bhij', z, features)
+    else:
+      positional = jnp.einsum('bihe,bije->bhij', z, features)
+    content = jnp.einsum('hd,bjhd->bhj', self.u[...], k)[:, :, None, :]
+    bias = (content + positional) / np.sqrt(d).astype(np.float32)
+    return DenseBias(jnp.broadcast_to(bias, (b, h, t_q, k.shape[1])), origin=ORIGIN)
