@@ -316,6 +316,36 @@ class SamplingTest(chex.TestCase):
                                        {c: 1 / classes for c in range(classes)}), 0.05, name)
 
 
+class DecoderLayoutTest(chex.TestCase):
+  """Our causal-decoder protocol: `BOS x SEP y EOS`, inputs and classes apart."""
+
+  def test_decoder_layout(self):
+    from attention_jax.lab import tasks  # pylint: disable=g-import-not-at-top
+    for name in ('parity_check', 'binary_addition', 'modular_arithmetic'):
+      task = tasks.get_task(name)
+      spec = registry.get_task(name)
+      lengths = jnp.array([1, 4, 6], jnp.int32)
+      tokens, is_output = task.example(jax.random.key(0), lengths, 0, 6)
+      self.assertEqual(tokens.shape[1], task.sequence_length(6))
+      for row, n in enumerate([1, 4, 6]):
+        t = list(np.asarray(tokens[row]))
+        nx, ny = int(spec.input_length(n)), int(spec.output_length(n))
+        x = [v - tasks.NUM_SPECIAL for v in t[1:1 + nx]]
+        y = [v - tasks.NUM_SPECIAL - spec.input_size for v in t[2 + nx:2 + nx + ny]]
+        self.assertEqual(t[0], tasks.BOS)
+        self.assertEqual(t[1 + nx], tasks.SEP)
+        self.assertEqual(t[2 + nx + ny], tasks.EOS)
+        self.assertTrue(all(0 <= v < spec.input_size for v in x), (name, t))
+        self.assertEqual(y, RULES[name](x), (name, t))
+        np.testing.assert_array_equal(np.flatnonzero(is_output[row]),
+                                      np.arange(2 + nx, 3 + nx + ny))
+
+  def test_coupling_refused(self):
+    from attention_jax.lab import tasks  # pylint: disable=g-import-not-at-top
+    with self.assertRaisesRegex(ValueError, 'not for parity_check'):
+      tasks.get_task('parity_check').check_max_position(10, 5)
+
+
 class LongLengthTest(chex.TestCase):
 
   def test_binary_tasks_exact_at_length_200(self):

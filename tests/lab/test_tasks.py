@@ -54,7 +54,7 @@ class TasksTest(chex.TestCase, parameterized.TestCase):
     self.assertFalse(np.array_equal(a['inputs'], c['inputs']))
 
   def test_unknown_task(self):
-    with self.assertRaisesRegex(ValueError, r"unknown task 'sort'; choose one of \['addition', 'copy'"):
+    with self.assertRaisesRegex(ValueError, r"unknown task 'sort'; choose one of \['addition', 'binary_addition'"):
       tasks.get_task('sort')
 
 

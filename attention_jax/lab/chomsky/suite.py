@@ -1,5 +1,8 @@
 """The benchmark suite: every task × encoding × learning rate of a config,
-all seeds of a setting trained together (`trainer`), one record per setting.
+one record per setting. The seeds of a setting, and the tasks of one padded
+shape (`groups`), train together in one program (`trainer.train`: each
+model's computation its own, only the matrix products batched), so that the
+suite compiles a few programs per encoding, not one per setting.
 
 Workdir layout:
 
@@ -25,6 +28,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
+from attention_jax.lab.chomsky import layout
 from attention_jax.lab.chomsky import protocol
 from attention_jax.lab.chomsky import report
 from attention_jax.lab.chomsky import trainer
@@ -161,52 +165,79 @@ def load_record(path: str, progress: Callable[[str], None]):
     return None
 
 
-def run_setting(programs, config, task_name, encoding, learning_rate, progress) -> dict:
-  """Trains and evaluates every seed of one setting -> its record."""
-  task = tasks.get_task(task_name)
+def groups(config: ml_collections.ConfigDict) -> list[tuple[str, float, list[str]]]:
+  """(encoding, learning rate, tasks) trained together: the config's tasks
+  of one padded training shape (`layout.padded_slots`), in the config's order."""
+  out = []
+  for encoding in config.encodings:
+    for lr in config.learning_rates:
+      by_shape = {}
+      for name in config.tasks:
+        slots = layout.padded_slots(tasks.get_task(name), config.train.max_length)
+        by_shape.setdefault(slots, []).append(name)
+      out += [(encoding, float(lr), names) for names in by_shape.values()]
+  return out
+
+
+def run_group(programs, config, encoding, learning_rate, names, progress) -> list[dict]:
+  """Trains and evaluates every task of `names` × seed together -> a record each."""
+  group = [tasks.get_task(n) for n in names]
   begun = time.time()
-  graphdef, params, rest, log = trainer.train(programs, task, encoding, list(config.seeds),
+  graphdef, params, rest, log = trainer.train(programs, group, encoding, list(config.seeds),
                                               learning_rate, progress)
   trained = time.time() - begun
-  accuracies = trainer.evaluate(programs, task, encoding, graphdef, params, rest)
   lengths = trainer.evaluation_lengths(config)
-  per_seed = [protocol.run_scores(lengths, a, config.train.max_length) for a in accuracies]
-  return dict(task=task_name, level=task.level, encoding=encoding,
-              learning_rate=learning_rate, seeds=list(config.seeds), lengths=lengths,
-              accuracies=accuracies.tolist(), per_seed=per_seed,
-              scores=protocol.setting_scores(per_seed), log=log,
-              seconds=dict(train=trained, evaluate=time.time() - begun - trained))
+  records = []
+  for task, task_params in zip(group, params):
+    evaluating = time.time()
+    accuracies = trainer.evaluate(programs, task, encoding, graphdef, task_params, rest)
+    per_seed = [protocol.run_scores(lengths, a, config.train.max_length) for a in accuracies]
+    records.append(dict(
+        task=task.name, level=task.level, encoding=encoding, learning_rate=learning_rate,
+        seeds=list(config.seeds), lengths=lengths, accuracies=accuracies.tolist(),
+        per_seed=per_seed, scores=protocol.setting_scores(per_seed),
+        trained_with=list(names), log=log,
+        seconds=dict(train_group=trained, evaluate=time.time() - evaluating)))
+  return records
 
 
 def run_suite(config: ml_collections.ConfigDict, workdir: str,
               progress: Callable[[str], None] = print) -> list[dict]:
   """Runs every setting not yet recorded, then writes the outputs; returns
-  the records."""
+  the records, in the config's order of tasks, encodings, learning rates."""
   validate(config)
   check_workdir(config, workdir)
   os.makedirs(workdir, exist_ok=True)
   _write_json(os.path.join(workdir, 'config.json'),
               dict(identity=identity(config), config=config.to_dict()))
-  todo = settings(config)
-  chosen = [tasks.get_task(t) for t in config.tasks]
-  programs = trainer.Programs(config, *trainer.sizes(chosen))
-  records, begun, ran = [], time.time(), 0
-  for i, (task, encoding, lr) in enumerate(todo):
-    path = record_path(workdir, task, encoding, lr)
-    record = load_record(path, progress)
-    if record is None:
-      progress(f'[{i + 1}/{len(todo)}] {task} × {encoding} (lr {lr:g}, seeds '
-               f'{tuple(config.seeds)})')
-      record = run_setting(programs, config, task, encoding, lr, progress)
-      _write_json(path, record)
-      ran += 1
-      elapsed = time.time() - begun
-      left = len(todo) - i - 1
+  programs = trainer.Programs.for_tasks(config, [tasks.get_task(t) for t in config.tasks])
+  found, begun, done = {}, time.time(), 0
+  todo = groups(config)
+  total = sum(len(names) for _, _, names in todo)
+  for i, (encoding, lr, names) in enumerate(todo):
+    missing = []
+    for name in names:
+      record = load_record(record_path(workdir, name, encoding, lr), progress)
+      if record is None:
+        missing.append(name)
+      else:
+        found[(name, encoding, lr)] = record
+    if not missing:
+      continue
+    progress(f'[group {i + 1}/{len(todo)}] {encoding} (lr {lr:g}) × {", ".join(missing)}; '
+             f'seeds {tuple(config.seeds)}')
+    for record in run_group(programs, config, encoding, lr, missing, progress):
+      _write_json(record_path(workdir, record['task'], encoding, lr), record)
+      found[(record['task'], encoding, lr)] = record
       s = record['scores']['score_official']
-      progress(f'  score {100 * s["max"]:.1f}% (max over seeds; mean {100 * s["mean"]:.1f} ± '
-               f'{100 * s["std"]:.1f}); {elapsed / 60:.1f} min so far, about '
-               f'{elapsed / ran * left / 60:.1f} min left')
-    records.append(record)
+      progress(f'  {record["task"]} × {encoding}: score {100 * s["max"]:.1f}% (max over '
+               f'seeds; mean {100 * s["mean"]:.1f} ± {100 * s["std"]:.1f})')
+    done += len(missing)
+    left = total - len(found)
+    elapsed = time.time() - begun
+    progress(f'  {len(found)}/{total} settings; {elapsed / 60:.1f} min so far, about '
+             f'{elapsed / done * left / 60:.1f} min left')
+  records = [found[(t, e, float(lr))] for t, e, lr in settings(config)]
   report.write_outputs(records, config, workdir)
   return records
 

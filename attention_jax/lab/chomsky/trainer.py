@@ -54,10 +54,12 @@ def noise_kind(encoding: str) -> Optional[str]:
   return layout.NOISE_KINDS[name]
 
 
-def sizes(tasks: list[ChomskyTask]) -> tuple[int, int]:
-  """(vocabulary, classes) shared by `tasks`: the largest input_size + 1
-  (the blank), the largest output_size (module docstring)."""
-  return max(t.input_size for t in tasks) + 1, max(t.output_size for t in tasks)
+def sizes(tasks: list[ChomskyTask], max_length: int) -> tuple[int, int, int]:
+  """(vocabulary, classes, positions) shared by `tasks`: the largest
+  input_size + 1 (the blank), the largest output_size (module docstring),
+  and the most slots any of them fills at `max_length`."""
+  return (max(t.input_size for t in tasks) + 1, max(t.output_size for t in tasks),
+          max(layout.padded_slots(t, max_length) for t in tasks))
 
 
 def build_model(encoding: str, config: ml_collections.ConfigDict, seed: int, *,
@@ -84,19 +86,26 @@ class Programs:
   """The compiled programs of one suite run, keyed by what shapes them, so
   that settings of one shape share them (no global state: one per run)."""
 
-  def __init__(self, config: ml_collections.ConfigDict, vocab_size: int, num_classes: int):
+  def __init__(self, config: ml_collections.ConfigDict, vocab_size: int, num_classes: int,
+               max_slots: int):
     self.config, self.vocab_size, self.num_classes = config, vocab_size, num_classes
+    self.max_slots = max_slots  # every model is built alike, so programs are shared
     self._cache = {}
+
+  @classmethod
+  def for_tasks(cls, config: ml_collections.ConfigDict, tasks: list[ChomskyTask]):
+    """The programs of a run over `tasks` (their shared sizes: `sizes`)."""
+    return cls(config, *sizes(tasks, config.eval.max_length))
 
   def _get(self, key, make):
     if key not in self._cache:
       self._cache[key] = make()
     return self._cache[key]
 
-  def models(self, encoding, seeds, slots):
+  def models(self, encoding, seeds):
     """(graphdef, params stacked over seeds `[S, …]`, the rest of the state)."""
     models = [build_model(encoding, self.config, s, vocab_size=self.vocab_size,
-                          num_classes=self.num_classes, slots=slots) for s in seeds]
+                          num_classes=self.num_classes, slots=self.max_slots) for s in seeds]
     graphdef, _, rest = nnx.split(models[0], nnx.Param, ...)
     params = jax.tree.map(lambda *a: jnp.stack(a),
                           *[nnx.split(m, nnx.Param, ...)[1] for m in models])
@@ -195,32 +204,41 @@ def optimizer(config: ml_collections.ConfigDict, learning_rate: float):
                      optax.adam(learning_rate))
 
 
-def train(programs: Programs, task: ChomskyTask, encoding: str, seeds: list[int],
+def train(programs: Programs, group: list[ChomskyTask], encoding: str, seeds: list[int],
           learning_rate: float, progress: Callable[[str], None] = print):
-  """Trains one model per seed -> (graphdef, params `[S, …]`, rest, log: per
-  chunk {'step', 'loss', 'accuracy'}, means over seeds)."""
+  """Trains one model per task of `group` (tasks of one padded shape,
+  `layout.padded_slots`) and seed, all in one program: members task-major,
+  `[len(group) · S, …]`. Each member's computation is its own (vmap); only
+  the matrix products are batched. Returns (graphdef, params per task, each
+  `[S, …]`, rest, log: per chunk {'step', 'loss', 'accuracy'}, means over
+  members)."""
   t = programs.config.train
   if t.steps % t.chunk:
     raise ValueError(f'train.steps={t.steps} must be a multiple of train.chunk={t.chunk}.')
-  slots = layout.padded_slots(task, t.max_length)
-  graphdef, params, rest = programs.models(encoding, seeds, layout.padded_slots(
-      task, programs.config.eval.max_length))
+  shapes = {layout.padded_slots(task, t.max_length) for task in group}
+  if len(shapes) != 1:
+    raise ValueError(f'tasks {[task.name for task in group]} have different padded shapes '
+                     f'{sorted(shapes)}; train them in separate groups.')
+  slots = shapes.pop()
+  graphdef, params, rest = programs.models(encoding, list(seeds) * len(group))
   tx, chunk = programs.train_chunk(graphdef, rest, encoding, learning_rate, slots)
-  data = programs.train_data(task, slots)
   opt_state = jax.vmap(tx.init)(params)
   seed_array = jnp.asarray(seeds, jnp.int32)
+  classes = jnp.repeat(jnp.asarray([task.output_size for task in group], jnp.int32), len(seeds))
   log, begun = [], time.time()
   for start in range(0, t.steps, t.chunk):
-    batches = dict(data(seed_array, start), num_classes=None)
-    batches['num_classes'] = jnp.full(batches['lengths'].shape[:2] + (1,), task.output_size,
-                                      jnp.int32)
+    parts = [programs.train_data(task, slots)(seed_array, start) for task in group]
+    batches = jax.tree.map(lambda *a: jnp.concatenate(a), *parts)
+    batches['num_classes'] = jnp.broadcast_to(classes[:, None, None], (len(classes), t.chunk, 1))
     params, opt_state, loss, acc = chunk(params, opt_state, batches)
     done = start + t.chunk
     log.append(dict(step=done, loss=float(jnp.mean(loss)), accuracy=float(jnp.mean(acc))))
     if done % t.log_every == 0 or done == t.steps:
       progress(f'    step {done}/{t.steps}: loss {log[-1]["loss"]:.3f}, train accuracy '
                f'{log[-1]["accuracy"]:.3f} ({time.time() - begun:.0f}s)')
-  return graphdef, params, rest, log
+  s = len(seeds)
+  per_task = [jax.tree.map(lambda a, i=i: a[i * s:(i + 1) * s], params) for i in range(len(group))]
+  return graphdef, per_task, rest, log
 
 
 def evaluation_lengths(config: ml_collections.ConfigDict) -> list[int]:

@@ -1,5 +1,6 @@
 """Synthetic tasks, batches made on device: copy, reverse, duplicate
-(`copy.py`) and multi-digit addition (`addition.py`).
+(`copy.py`), multi-digit addition (`addition.py`) and DeepMind's 15
+length-generalization tasks (`chomsky/`, laid out by `chomsky/decoder.py`).
 
 Every task follows one protocol, so training and evaluation never ask which
 task they run: a frozen dataclass with `name`, `pack`, `coupled_max_position`,
@@ -32,8 +33,13 @@ from attention_jax.lab.tasks.addition import Addition
 from attention_jax.lab.tasks import addition
 from attention_jax.lab.tasks import coupling
 from attention_jax.lab.tasks import packing
+from attention_jax.lab.tasks.chomsky.decoder import DecoderTask
+from attention_jax.lab.tasks.chomsky.registry import TASKS as CHOMSKY_TASKS
 
-TASKS = {**COPY_TASKS, 'addition': Addition()}
+# DeepMind's 15 tasks under this protocol too (`chomsky/decoder.py`); their
+# own encoder protocol is `lab.chomsky`.
+TASKS = {**COPY_TASKS, 'addition': Addition(),
+         **{name: DecoderTask(spec) for name, spec in CHOMSKY_TASKS.items()}}
 
 
 def get_task(name: str):

@@ -1,0 +1,35 @@
+r"""DeepMind's length-generalization benchmark (15 tasks, the encoder
+protocol of Delétang et al. 2023 and Ruoss et al. 2023) over encodings and
+seeds.
+
+  python -m experiments.chomsky --config=configs/chomsky.py --workdir=runs/chomsky
+
+Writes settings/…/*.json (one per task × encoding × learning rate),
+results.csv, summary.md and chomsky.png into --workdir. Re-running the same
+command skips finished settings. See configs/chomsky.py for presets,
+expected results and runtime.
+"""
+
+from absl import app
+from absl import flags
+
+from attention_jax.lab import presets
+from attention_jax.lab.chomsky.suite import run_suite
+from attention_jax.lab.runtime import entry_point
+from attention_jax.lab.runtime import parse_flags
+
+_CONFIG = presets.DEFINE_config_file('config', 'chomsky', 'Suite configuration.')
+_WORKDIR = flags.DEFINE_string('workdir', 'runs/chomsky', 'Where outputs are written.')
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  with entry_point(_CONFIG.value):
+    run_suite(_CONFIG.value, _WORKDIR.value)
+  print(open(f'{_WORKDIR.value}/summary.md').read())
+  print(f'Figure: {_WORKDIR.value}/chomsky.png')
+
+
+if __name__ == '__main__':
+  app.run(main, flags_parser=parse_flags)

@@ -1,0 +1,149 @@
+"""The benchmark suite end to end on the tiny preset (one shared run), its
+config checks, its workdir rules, and the paper preset built, lowered and
+stepped on CPU."""
+
+import json
+import os
+import tempfile
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest
+
+from attention_jax.lab.chomsky import layout
+from attention_jax.lab.chomsky import suite
+from attention_jax.lab.chomsky import trainer
+from attention_jax.lab.tasks.chomsky import registry
+from attention_jax.lab.validate import ConfigError
+from configs import chomsky as chomsky_config
+
+TASKS = ('parity_check', 'binary_addition')
+ENCODINGS = ('alibi', 'rope:randomized', 'relative:randomized')
+
+
+def tiny(**changes):
+  c = chomsky_config.get_config('scale=tiny')
+  c.tasks, c.encodings = TASKS, ENCODINGS
+  for path, value in changes.items():
+    group, _, key = path.rpartition('.')
+    (c[group] if group else c)[key] = value
+  return c
+
+
+class SuiteRunTest(chex.TestCase):
+  """One tiny suite run shared by every assertion (the slow part: compiling)."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.workdir = tempfile.mkdtemp()
+    cls.lines = []
+    cls.records = suite.run_suite(tiny(), cls.workdir, progress=cls.lines.append)
+
+  def test_every_setting_recorded_with_scores(self):
+    self.assertLen(self.records, len(TASKS) * len(ENCODINGS))
+    for r in self.records:
+      acc = np.asarray(r['accuracies'])
+      self.assertEqual(acc.shape, (2, 7))  # seeds × lengths 1 … 7
+      self.assertTrue(np.all((acc >= 0) & (acc <= 1)))
+      # Their score skips the first test length (train max 4: lengths 6, 7).
+      np.testing.assert_allclose(r['per_seed'][0]['score_official'], acc[0, 5:].mean())
+      np.testing.assert_allclose(r['per_seed'][0]['score_plain'], acc[0, 4:].mean())
+      self.assertAlmostEqual(r['scores']['score_official']['max'],
+                             max(s['score_official'] for s in r['per_seed']))
+
+  def test_outputs_written(self):
+    for name in ('results.csv', 'summary.md', 'chomsky.png', 'config.json'):
+      self.assertTrue(os.path.exists(os.path.join(self.workdir, name)), name)
+    summary = open(os.path.join(self.workdir, 'summary.md')).read()
+    for name in TASKS + ENCODINGS:
+      self.assertIn(name, summary)
+    rows = open(os.path.join(self.workdir, 'results.csv')).read().splitlines()
+    self.assertLen(rows, 1 + len(TASKS) * len(ENCODINGS) * 2)
+
+  def test_progress_names_each_setting(self):
+    self.assertTrue(any('parity_check × rope:randomized: score' in line for line in self.lines))
+    self.assertTrue(any('min left' in line for line in self.lines))
+
+  def test_rerun_skips_and_a_damaged_record_is_rerun(self):
+    path = suite.record_path(self.workdir, 'parity_check', 'alibi', 1e-3)
+    before = json.load(open(path))
+    with open(path, 'w') as f:
+      f.write('{"truncated')
+    lines = []
+    records = suite.run_suite(tiny(), self.workdir, progress=lines.append)
+    self.assertTrue(os.path.exists(path + '.damaged'))
+    self.assertTrue(any(path in line and 'damaged' in line for line in lines))
+    ran = [line for line in lines if line.startswith('[group')]
+    self.assertLen(ran, 1)  # only the damaged one
+    self.assertIn('alibi (lr 0.001) × parity_check;', ran[0])
+    again = next(r for r in records if r['task'] == 'parity_check' and r['encoding'] == 'alibi')
+    # Data from (seed, step), evaluation from eval.seed: the same numbers again.
+    np.testing.assert_allclose(again['accuracies'], before['accuracies'])
+
+  def test_another_config_refused_in_the_same_workdir(self):
+    with self.assertRaisesRegex(ConfigError, r'another config \(differing: model.d_model\)'):
+      suite.run_suite(tiny(**{'model.d_model': 8}), self.workdir, progress=lambda _: None)
+
+
+class ConfigTest(chex.TestCase):
+
+  def test_unknown_task_lists_the_known_ones(self):
+    with self.assertRaisesRegex(ConfigError, "unknown task 'parity'.*even_pairs"):
+      suite.validate(tiny(tasks=('parity',)))
+
+  def test_causal_only_encodings_refused_with_the_reason(self):
+    for spec in ('fox', 'xpos'):
+      with self.assertRaisesRegex(ConfigError, f"encoding '{spec}' cannot run the "
+                                  'bidirectional encoder protocol: .*causal'):
+        suite.validate(tiny(encodings=(spec,)))
+
+  def test_randomized_only_where_their_code_defines_it(self):
+    with self.assertRaisesRegex(ConfigError, "'kerple:randomized'.*alibi"):
+      suite.validate(tiny(encodings=('kerple:randomized',)))
+
+  def test_eval_range_must_reach_past_the_first_test_length(self):
+    with self.assertRaisesRegex(ConfigError, 'eval.max_length=5 must be >= '):
+      suite.validate(tiny(**{'eval.max_length': 5}))
+
+  def test_bad_preset_argument_named(self):
+    with self.assertRaisesRegex(ValueError, "scale='huge'"):
+      chomsky_config.get_config('scale=huge')
+
+  def test_every_task_registered_in_the_papers_order(self):
+    self.assertEqual(tuple(registry.TASKS), chomsky_config.TASKS)
+    levels = [t.level for t in registry.TASKS.values()]
+    self.assertEqual(levels, sorted(levels, key=('regular', 'context_free',
+                                                 'context_sensitive').index))
+
+
+class PaperPresetTest(chex.TestCase):
+  """The published setting on CPU: built, lowered at its longest evaluation,
+  and a few real training steps."""
+
+  def test_paper_preset_builds_lowers_and_steps(self):
+    c = chomsky_config.get_config('scale=paper')
+    self.assertEqual((c.model.num_layers, c.model.d_model, c.model.num_heads,
+                      c.model.mlp_factor, c.model.dropout), (5, 64, 8, 4, 0.1))
+    self.assertEqual((c.train.batch_size, c.train.min_length, c.train.max_length,
+                      c.eval.max_length, c.eval.samples), (128, 1, 40, 500, 512))
+    suite.validate(c)
+    c.train.steps, c.train.chunk = 2, 2
+    task = registry.get_task('duplicate_string')  # the longest layout: 3 × 500 slots
+    programs = trainer.Programs.for_tasks(c, list(registry.TASKS.values()))
+    graphdef, (params,), rest, log = trainer.train(programs, [task], 'relative:randomized',
+                                                   [0], 3e-4, progress=lambda _: None)
+    self.assertTrue(np.isfinite(log[-1]['loss']))
+    slots = layout.padded_slots(task, c.eval.max_length)
+    batches = programs.eval_data(task, slots, c.eval.max_length)(jnp.int32(c.eval.max_length))
+    batches['num_classes'] = jnp.full((c.eval.samples // c.eval.sub_batch, 1), 2, jnp.int32)
+    self.assertEqual(batches['tokens'].shape, (8, 64, 1500))
+    lowered = programs.eval_accuracy(graphdef, rest, 'relative:randomized', slots).lower(
+        params, batches)
+    self.assertIn('1500', str(lowered.out_info) + str(lowered.args_info))
+
+
+if __name__ == '__main__':
+  absltest.main()
