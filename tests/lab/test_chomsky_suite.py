@@ -135,7 +135,7 @@ class PaperPresetTest(chex.TestCase):
     programs = trainer.Programs.for_tasks(c, list(registry.TASKS.values()))
     graphdef, (params,), rest, log = trainer.train(programs, [task], 'relative:randomized',
                                                    [0], 3e-4, progress=lambda _: None)
-    self.assertTrue(np.isfinite(log[-1]['loss']))
+    self.assertTrue(np.isfinite(log['log'][-1]['loss']))
     slots = layout.padded_slots(task, c.eval.max_length)
     batches = programs.eval_data(task, slots, c.eval.max_length)(jnp.int32(c.eval.max_length))
     batches['num_classes'] = jnp.full((c.eval.samples // c.eval.sub_batch, 1), 2, jnp.int32)

@@ -183,12 +183,14 @@ def run_group(programs, config, encoding, learning_rate, names, progress) -> lis
   """Trains and evaluates every task of `names` × seed together -> a record each."""
   group = [tasks.get_task(n) for n in names]
   begun = time.time()
-  graphdef, params, rest, log = trainer.train(programs, group, encoding, list(config.seeds),
-                                              learning_rate, progress)
+  graphdef, params, rest, trained_log = trainer.train(programs, group, encoding,
+                                                      list(config.seeds), learning_rate,
+                                                      progress)
   trained = time.time() - begun
   lengths = trainer.evaluation_lengths(config)
   records = []
-  for task, task_params in zip(group, params):
+  for task, task_params, train_accuracy in zip(group, params,
+                                               trained_log['train_accuracy']):
     evaluating = time.time()
     accuracies = trainer.evaluate(programs, task, encoding, graphdef, task_params, rest)
     per_seed = [protocol.run_scores(lengths, a, config.train.max_length) for a in accuracies]
@@ -196,7 +198,7 @@ def run_group(programs, config, encoding, learning_rate, names, progress) -> lis
         task=task.name, level=task.level, encoding=encoding, learning_rate=learning_rate,
         seeds=list(config.seeds), lengths=lengths, accuracies=accuracies.tolist(),
         per_seed=per_seed, scores=protocol.setting_scores(per_seed),
-        trained_with=list(names), log=log,
+        train_accuracy=train_accuracy, trained_with=list(names), log=trained_log['log'],
         seconds=dict(train_group=trained, evaluate=time.time() - evaluating)))
   return records
 

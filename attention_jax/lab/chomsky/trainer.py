@@ -183,6 +183,19 @@ class Programs:
       return jax.vmap(sub)(keys)
     return self._get(('eval_data', task.name, slots, padded), lambda: jax.jit(at))
 
+  def eval_batches(self, task: ChomskyTask, n: int, slots: int, padded: int) -> dict:
+    """The evaluation's sub-batches at length n, with the task's class count;
+    kept for the next encoding when `eval.cache` (the same data for all)."""
+    key = ('eval_batches', task.name, n, slots, padded)
+    if key in self._cache:
+      return self._cache[key]
+    batches = self.eval_data(task, slots, padded)(jnp.int32(n))
+    batches['num_classes'] = jnp.full(batches['lengths'].shape[:1] + (1,), task.output_size,
+                                      jnp.int32)
+    if self.config.eval.get('cache', False):
+      self._cache[key] = batches
+    return batches
+
   def eval_accuracy(self, graphdef, rest, encoding: str, slots: int):
     """jit (params [S, …], sub-batches) -> accuracy [S], their mean of the
     sub-batches' accuracies."""
@@ -210,8 +223,8 @@ def train(programs: Programs, group: list[ChomskyTask], encoding: str, seeds: li
   `layout.padded_slots`) and seed, all in one program: members task-major,
   `[len(group) · S, …]`. Each member's computation is its own (vmap); only
   the matrix products are batched. Returns (graphdef, params per task, each
-  `[S, …]`, rest, log: per chunk {'step', 'loss', 'accuracy'}, means over
-  members)."""
+  `[S, …]`, rest, a dict: 'log', per chunk {'step', 'loss', 'accuracy'}, means over
+  members), and each task's last-chunk training accuracy per seed)."""
   t = programs.config.train
   if t.steps % t.chunk:
     raise ValueError(f'train.steps={t.steps} must be a multiple of train.chunk={t.chunk}.')
@@ -238,7 +251,9 @@ def train(programs: Programs, group: list[ChomskyTask], encoding: str, seeds: li
                f'{log[-1]["accuracy"]:.3f} ({time.time() - begun:.0f}s)')
   s = len(seeds)
   per_task = [jax.tree.map(lambda a, i=i: a[i * s:(i + 1) * s], params) for i in range(len(group))]
-  return graphdef, per_task, rest, log
+  # Each task's training accuracy over its last chunk (dropout on), per seed.
+  last = np.asarray(acc).reshape(len(group), s)
+  return graphdef, per_task, rest, dict(log=log, train_accuracy=last.tolist())
 
 
 def evaluation_lengths(config: ml_collections.ConfigDict) -> list[int]:
@@ -257,9 +272,7 @@ def evaluate(programs: Programs, task: ChomskyTask, encoding: str, graphdef, par
   for n in evaluation_lengths(programs.config):
     padded = min(e.max_length, bucket * math.ceil(n / bucket))
     slots = layout.padded_slots(task, padded)
-    batches = programs.eval_data(task, slots, padded)(jnp.int32(n))
-    batches['num_classes'] = jnp.full(batches['lengths'].shape[:1] + (1,), task.output_size,
-                                      jnp.int32)
+    batches = programs.eval_batches(task, n, slots, padded)
     accuracy = programs.eval_accuracy(graphdef, rest, encoding, slots)(params, batches)
     columns.append(np.asarray(accuracy))
   return np.stack(columns, axis=1)
