@@ -3,6 +3,10 @@ parity_check, cycle_navigation (google-deepmind/randomized_positional_encodings
 `tasks/regular/{even_pairs,parity_check,cycle_navigation}.py`).
 modular_arithmetic, regular too, is in `expressions.py`.
 
+cycle_navigation's docstring calls the input symbols 0 (stay), 1 (right) and
+-1 (left); its code draws symbols 0, 1, 2 and moves by `symbol - 1`, so
+symbol 0 moves left, 1 stays and 2 moves right. We follow the code.
+
 Each `label_*` is the official rule on an input `x` int32 `[B, N]` with
 `n` real symbols (traced, one per batch): a class int32 `[B, 1]`.
 """
@@ -38,7 +42,8 @@ def label_parity_check(x, n):
 
 
 def label_cycle_navigation(x, n):
-  """The final position on a cycle of 5 after moves x - 1 (0 stay, 1 right, -1 left)."""
+  """The final position on a cycle of 5, starting at 0, after moves `x - 1`:
+  symbol 0 left, 1 stay, 2 right (their code, not their docstring)."""
   moves = jnp.where(real(x, n), x - 1, 0)
   return (jnp.sum(moves, axis=1, keepdims=True) % CYCLE_LENGTH).astype(jnp.int32)
 

@@ -9,6 +9,8 @@ odds_first, 5 for bucket_sort).
 Where their docstring and code disagree, the code wins: odds_first's
 docstring puts s_1 s_3 … (1-based odd) first, its code `x[:, 1::2]` then
 `x[:, ::2]` puts the 0-based odd indices first: s_2 s_4 … s_1 s_3 ….
+bucket_sort's sampler docstring says "sorted by (inc.) occurrence"; its code
+sorts by symbol value (`jnp.sort`), as here.
 
 Each `label_*` maps an input `x` int32 `[B, N]` with `n` real symbols
 (traced) to the output int32 `[B, output_length(N)]`, zeros past
@@ -21,6 +23,8 @@ import jax.numpy as jnp
 from attention_jax.lab.tasks.chomsky.regular import real
 from attention_jax.lab.tasks.chomsky.regular import uniform_symbols
 from attention_jax.lab.tasks.chomsky.spec import ChomskyTask
+from attention_jax.lab.tasks.chomsky.spec import one_output
+from attention_jax.lab.tasks.chomsky.spec import same_length
 
 POP, PUSH_0, PUSH_1 = 2, 3, 4  # stack_manipulation's actions
 TERMINATOR = 2  # stack_manipulation's end-of-stack class (their output_size - 1)
@@ -140,16 +144,16 @@ def _task(name, level, vocab, output_size, label, output_length, sample=None,
 
 TASKS = {
     'reverse_string': _task('reverse_string', 'context_free', 2, 2, label_reverse,
-                            lambda n: n),
+                            same_length),
     'stack_manipulation': _task('stack_manipulation', 'context_free', 5, 3, label_stack,
                                 lambda n: n + 1, sample_stack, terminated=True),
     'duplicate_string': _task('duplicate_string', 'context_sensitive', 2, 2, label_duplicate,
                               lambda n: 2 * n),
     'missing_duplicate_string': _task('missing_duplicate_string', 'context_sensitive', 4, 2,
-                                      label_missing_duplicate, lambda n: n * 0 + 1,
+                                      label_missing_duplicate, one_output,
                                       sample_missing_duplicate),
     'odds_first': _task('odds_first', 'context_sensitive', 2, 2, label_odds_first,
-                        lambda n: n),
+                        same_length),
     'bucket_sort': _task('bucket_sort', 'context_sensitive', 5, 5, label_bucket_sort,
-                         lambda n: n),
+                         same_length),
 }
