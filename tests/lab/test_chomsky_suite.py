@@ -10,6 +10,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from absl.testing import absltest
 
 from attention_jax.lab.chomsky import layout
@@ -108,6 +109,13 @@ class ConfigTest(chex.TestCase):
     with self.assertRaisesRegex(ConfigError, 'eval.max_length=5 must be >= '):
       suite.validate(tiny(**{'eval.max_length': 5}))
 
+  def test_model_sizes_and_noise_range_checked(self):
+    with self.assertRaisesRegex(ConfigError, 'model.d_model=15 must be an even integer'):
+      suite.validate(tiny(**{'model.d_model': 15}))
+    with self.assertRaisesRegex(ConfigError, 'noise_max_length=8 is below the longest'):
+      suite.validate(tiny(**{'model.noise_max_length': 8}))
+    suite.validate(tiny(encodings=('alibi',), **{'model.noise_max_length': 8}))  # not randomized
+
   def test_bad_preset_argument_named(self):
     with self.assertRaisesRegex(ValueError, "scale='huge'"):
       chomsky_config.get_config('scale=huge')
@@ -123,6 +131,7 @@ class PaperPresetTest(chex.TestCase):
   """The published setting on CPU: built, lowered at its longest evaluation,
   and a few real training steps."""
 
+  @pytest.mark.slow  # about 25 s on 2 cores: CI's slow tier
   def test_paper_preset_builds_lowers_and_steps(self):
     c = chomsky_config.get_config('scale=paper')
     self.assertEqual((c.model.num_layers, c.model.d_model, c.model.num_heads,

@@ -325,7 +325,8 @@ class DecoderLayoutTest(chex.TestCase):
       task = tasks.get_task(name)
       spec = registry.get_task(name)
       lengths = jnp.array([1, 4, 6], jnp.int32)
-      tokens, is_output = task.example(jax.random.key(0), lengths, 0, 6)
+      tokens, is_output = jax.jit(task.example, static_argnums=(2, 3))(
+          jax.random.key(0), lengths, 0, 6)
       self.assertEqual(tokens.shape[1], task.sequence_length(6))
       for row, n in enumerate([1, 4, 6]):
         t = list(np.asarray(tokens[row]))

@@ -207,7 +207,7 @@ class StudyTest(absltest.TestCase):
 class ConfigValidationTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
-      ('unknown_task', {'task.name': 'sort'}, r"task.name has 'sort'; allowed: \['addition', 'copy'"),
+      ('unknown_task', {'task.name': 'sort'}, r"task.name has 'sort'; allowed: \['addition', 'binary_addition'"),
       ('unknown_encoding', {'model.encoding': 'rotary'}, r"model.encoding: bad encoding 'rotary'"),
       ('heads', {'model.num_heads': 3}, r'model.num_heads=3 must divide model.d_model=16'),
       ('empty_range', {'task.train_min_length': 5},

@@ -57,6 +57,8 @@ def identity(config: ml_collections.ConfigDict) -> dict:
 def validate(config: ml_collections.ConfigDict) -> None:
   """ConfigError naming the first bad value, before anything runs."""
   t, e, m = config.train, config.eval, config.model
+  longest = max([layout.padded_slots(tasks.get_task(n), e.max_length)
+                 for n in config.tasks if n in tasks.TASKS], default=0)
   if not config.tasks:
     raise ConfigError(f'invalid config: tasks is empty; choose from {list(tasks.TASKS)}.')
   for name in config.tasks:
@@ -65,8 +67,21 @@ def validate(config: ml_collections.ConfigDict) -> None:
                         f'{list(tasks.TASKS)}.')
   if not config.encodings:
     raise ConfigError('invalid config: encodings is empty.')
+  m_ok = all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
+             for v in (m.d_model, m.num_heads, m.mlp_factor, m.noise_max_length))
+  if not m_ok or m.d_model % m.num_heads or m.d_model % 2:
+    raise ConfigError(f'invalid config: model.d_model={m.d_model!r} must be an even integer '
+                      f'that model.num_heads={m.num_heads!r} divides (mlp_factor, '
+                      'noise_max_length: integers >= 1).')
+  if not 0 <= m.dropout < 1:
+    raise ConfigError(f'invalid config: model.dropout={m.dropout!r} must be in [0, 1).')
   for spec in config.encodings:
     check_encoding(spec, config)
+  if any(trainer.noise_kind(spec) for spec in config.encodings) and (
+      m.noise_max_length < longest):
+    raise ConfigError(f'invalid config: model.noise_max_length={m.noise_max_length} is below '
+                      f'the longest evaluated sequence, {longest} slots: randomized positions '
+                      'are distinct draws from [0, noise_max_length).')
   for field, value in (('train.steps', t.steps), ('train.chunk', t.chunk),
                        ('train.batch_size', t.batch_size), ('train.min_length', t.min_length),
                        ('eval.samples', e.samples), ('eval.sub_batch', e.sub_batch),

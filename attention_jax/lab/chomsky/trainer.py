@@ -38,6 +38,7 @@ from flax import nnx
 
 from attention_jax.lab.chomsky import layout
 from attention_jax.lab.chomsky import protocol
+from attention_jax.lab.train.interrupt import raise_if_stopped
 from attention_jax.lab.tasks.chomsky.spec import ChomskyTask
 from attention_jax.nn.encoder import TransformerEncoder
 from attention_jax.positional import parse_encoding_spec
@@ -245,6 +246,10 @@ def train(programs: Programs, group: list[ChomskyTask], encoding: str, seeds: li
     batches['num_classes'] = jnp.broadcast_to(classes[:, None, None], (len(classes), t.chunk, 1))
     params, opt_state, loss, acc = chunk(params, opt_state, batches)
     done = start + t.chunk
+    # A stop request (Ctrl-C, SIGTERM) ends the group here: its settings
+    # are not recorded, the recorded ones stay, the same command resumes.
+    raise_if_stopped(f'at step {done} of {[task.name for task in group]} × {encoding} '
+                     '(that group is rerun)')
     log.append(dict(step=done, loss=float(jnp.mean(loss)), accuracy=float(jnp.mean(acc))))
     if done % t.log_every == 0 or done == t.steps:
       progress(f'    step {done}/{t.steps}: loss {log[-1]["loss"]:.3f}, train accuracy '
