@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from attention_jax.attention.heads import repeat_kv_heads
 from attention_jax.attention.scores import DenseBias
 from attention_jax.positional.base import PositionalEncoding
 from attention_jax.positional.base import ScoreContext
@@ -78,9 +79,9 @@ class TransformerXL(PositionalEncoding):
     """-> `DenseBias` float32 `[B, H, T_q, T_k]` (module docstring)."""
     q, k = context.q.astype(jnp.float32), context.k.astype(jnp.float32)
     b, t_q, h, d = q.shape
-    if h != self.num_heads or k.shape[2] != h:
-      raise ValueError(f'relative: built for {self.num_heads} heads (and as many key/value '
-                       f'heads), got q {q.shape} and k {k.shape}.')
+    if h != self.num_heads:
+      raise ValueError(f'relative: built for {self.num_heads} heads, got q {q.shape}.')
+    k, _ = repeat_kv_heads(k, k, h, q.shape)  # grouped key/value heads: one per query head
     relative = -context.distance()  # key minus query: [T_q, T_k] or [B, T_q, T_k]
     features = sinusoidal_at(relative, self.d_model, self.base)  # [(B,) T_q, T_k, d_model]
     kernel = self.W_r.kernel[...].astype(jnp.float32).reshape(self.d_model, h, d)

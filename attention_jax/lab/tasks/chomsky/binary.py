@@ -19,7 +19,16 @@ Numbers reach 2^500, so they are bit vectors here (little-endian, `[B, W]`
 int32 of 0/1): addition by a carry-lookahead `associative_scan`,
 multiplication by shift-and-add, the square root by the restoring
 digit-by-digit method. A uniform integer in [1, 2^L - 1] is L uniform bits
-redrawn while all zero (`lax.while_loop`): exactly their distribution.
+redrawn while all zero (`lax.while_loop`): exactly their distribution (each
+row keeps its first non-zero draw of an i.i.d. sequence of uniform draws).
+
+Their docstrings and code disagree; this follows the code:
+* the docstrings say the output is padded to the input length; addition's is
+  n + 1 symbols (`output_length`), so their addition examples are one short;
+* the multiplication example `18 * 6 = 108 = 00110011` should read 0011011,
+  the square-root example `37 -> 101` should read 110 (6);
+* at n <= 2 the multiplication output `[0] * (n - 1) + [2]` is not the
+  input's product (the input is a bare number, no operator).
 """
 
 import jax
@@ -167,7 +176,9 @@ def sample_operands(key, n, batch_size, max_length):
   b_at = jnp.take_along_axis(b, jnp.clip(p - len_a - 1, 0, max_length - 1), axis=1)
   x = jnp.where(p < len_a, a, jnp.where(p == len_a, OPERATOR, b_at))
   x = jnp.where(p < n, x, 0)
-  small = jax.random.randint(k_small, (batch_size, 1), 0, jnp.left_shift(1, jnp.minimum(n, 2)) - 1, jnp.int32)
+  # np.random.randint(0, 2**n - 1) excludes its high end: 0 at n = 1, 0 … 2 at n = 2.
+  small = jax.random.randint(k_small, (batch_size, 1), 0,
+                             jnp.left_shift(1, jnp.minimum(n, 2)) - 1, jnp.int32)
   small_bits = jnp.where(p < n, jnp.right_shift(small, jnp.minimum(p, 30)) & 1, 0)
   return jnp.where(n <= 2, small_bits, x).astype(jnp.int32)
 
