@@ -38,15 +38,7 @@ from flax import nnx
 
 from attention_jax.nn.attention import MultiHeadAttention
 from attention_jax.positional import make_encoding
-
-
-def haiku_truncated_normal(stddev: Optional[float] = None):
-  """Haiku's `TruncatedNormal`: stddev × a normal truncated to [-2, 2] (no
-  rescaling); stddev None: 1/√fan_in, Haiku's `Linear` default."""
-  def init(key, shape, dtype=jnp.float32):
-    scale = stddev if stddev is not None else 1.0 / np.sqrt(int(np.prod(shape[:-1])))
-    return (scale * jax.random.truncated_normal(key, -2.0, 2.0, shape)).astype(dtype)
-  return init
+from attention_jax.positional.base import haiku_truncated_normal
 
 
 def _linear(d_in, d_out, rngs, use_bias=True):

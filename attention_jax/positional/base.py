@@ -47,6 +47,16 @@ from attention_jax.attention.scores import ScoreSpec
 from attention_jax.attention.scores import relative_distance
 
 
+def haiku_truncated_normal(stddev: Optional[float] = None):
+  """Haiku's `TruncatedNormal`, for ports of Haiku models: stddev × a normal
+  truncated to [-2, 2], not rescaled for the truncation (Flax's and JAX's
+  are); stddev None: 1/√fan_in, Haiku's `Linear` default."""
+  def init(key, shape, dtype=jnp.float32):
+    scale = stddev if stddev is not None else 1.0 / np.sqrt(int(np.prod(shape[:-1])))
+    return (scale * jax.random.truncated_normal(key, -2.0, 2.0, shape)).astype(dtype)
+  return init
+
+
 def real_option(encoding: str, name: str, value, *, above=None, at_least=None,
                 why: str = '') -> float:
   """`value` as a float if it is a finite real number (not a bool) `> above`

@@ -31,24 +31,19 @@ the same in distribution. Parameters at `u`, `v` (`[H, D]`, normal 0.02, as
 their `relpos_contentbias`/`relpos_relativebias`) and `W_r`.
 """
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from attention_jax.attention.heads import repeat_kv_heads
 from attention_jax.attention.scores import DenseBias
+from attention_jax.attention.scores import is_arange
 from attention_jax.positional.base import PositionalEncoding
 from attention_jax.positional.base import ScoreContext
+from attention_jax.positional.base import haiku_truncated_normal
 from attention_jax.positional.sinusoidal import sinusoidal_at
 
 ORIGIN = "the relative attention of Transformer-XL ('relative')"
-
-
-def _truncated_normal(stddev):
-  def init(key, shape, dtype=jnp.float32):
-    return (stddev * jax.random.truncated_normal(key, -2.0, 2.0, shape)).astype(dtype)
-  return init
 
 
 class TransformerXL(PositionalEncoding):
@@ -68,7 +63,7 @@ class TransformerXL(PositionalEncoding):
     self.v = nnx.Param(normal(rngs.params(), (num_heads, head_dim)))
     # Haiku's Linear default: a truncated normal of stddev 1/sqrt(fan_in).
     self.W_r = nnx.Linear(d_model, d_model, use_bias=False,
-                          kernel_init=_truncated_normal(1.0 / np.sqrt(d_model)), rngs=rngs)
+                          kernel_init=haiku_truncated_normal(1.0 / np.sqrt(d_model)), rngs=rngs)
 
   @classmethod
   def build(cls, *, d_model, num_heads, max_positions, causal, rngs, base=10000.0):
@@ -82,15 +77,23 @@ class TransformerXL(PositionalEncoding):
     if h != self.num_heads:
       raise ValueError(f'relative: built for {self.num_heads} heads, got q {q.shape}.')
     k, _ = repeat_kv_heads(k, k, h, q.shape)  # grouped key/value heads: one per query head
-    relative = -context.distance()  # key minus query: [T_q, T_k] or [B, T_q, T_k]
-    features = sinusoidal_at(relative, self.d_model, self.base)  # [(B,) T_q, T_k, d_model]
     kernel = self.W_r.kernel[...].astype(jnp.float32).reshape(self.d_model, h, d)
     # (q + v)·W_r R = R·z with z = W_r (q + v), per head: no [T, T, H, D] keys.
     z = jnp.einsum('bihd,ehd->bihe', q + self.v[...][None, None], kernel)
-    if features.ndim == 3:
-      positional = jnp.einsum('bihe,ije->bhij', z, features)
+    t_k = k.shape[1]
+    if (context.distances is None and is_arange(context.q_positions)
+        and is_arange(context.k_positions)):
+      # Token indices: R depends on j - i only, so 2T - 1 sinusoids, not T².
+      offsets = np.arange(-(t_q - 1), t_k, dtype=np.int32)
+      per_offset = jnp.einsum('bihe,oe->bhio', z, sinusoidal_at(offsets, self.d_model,
+                                                                 self.base))
+      index = np.arange(t_k)[None, :] - np.arange(t_q)[:, None] + (t_q - 1)
+      positional = jnp.take_along_axis(per_offset, jnp.asarray(index)[None, None], axis=-1)
     else:
-      positional = jnp.einsum('bihe,bije->bhij', z, features)
+      relative = -context.distance()  # key minus query: [T_q, T_k] or [B, T_q, T_k]
+      features = sinusoidal_at(relative, self.d_model, self.base)  # [(B,) T_q, T_k, d_model]
+      subscripts = 'bihe,ije->bhij' if features.ndim == 3 else 'bihe,bije->bhij'
+      positional = jnp.einsum(subscripts, z, features)
     content = jnp.einsum('hd,bjhd->bhj', self.u[...], k)[:, :, None, :]
     bias = (content + positional) / np.sqrt(d).astype(np.float32)
-    return DenseBias(jnp.broadcast_to(bias, (b, h, t_q, k.shape[1])), origin=ORIGIN)
+    return DenseBias(jnp.broadcast_to(bias, (b, h, t_q, t_k)), origin=ORIGIN)

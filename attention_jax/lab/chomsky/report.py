@@ -8,7 +8,6 @@ rates (`max`, the papers' statistic), and the mean ± std over the seeds of
 the learning rate with the best mean.
 """
 
-import csv
 import os
 
 import matplotlib
@@ -16,6 +15,7 @@ matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
+from attention_jax.lab import results
 from attention_jax.lab.chomsky import published
 from attention_jax.lab.tasks.chomsky.registry import TASKS
 
@@ -51,8 +51,8 @@ def write_outputs(records: list[dict], config, workdir: str) -> None:
   combined = combine(records)
   task_names = [t for t in config.tasks]
   encodings = list(config.encodings)
-  with open(os.path.join(workdir, 'summary.md'), 'w') as f:
-    f.write(summary(combined, records, task_names, encodings, config))
+  results.write_text(os.path.join(workdir, 'summary.md'),
+                     summary(combined, task_names, encodings, config))
   figure(combined, task_names, encodings, os.path.join(workdir, 'chomsky.png'),
          title=f'test lengths {config.train.max_length + 2}–{config.eval.max_length} '
                f'after training on {config.train.min_length}–{config.train.max_length}')
@@ -60,19 +60,13 @@ def write_outputs(records: list[dict], config, workdir: str) -> None:
 
 def _write_csv(records, path):
   fields = ['task', 'level', 'encoding', 'learning_rate', 'seed', *SCORES]
-  with open(path + '.tmp', 'w', newline='') as f:
-    w = csv.DictWriter(f, fields)
-    w.writeheader()
-    for r in records:
-      for seed, s in zip(r['seeds'], r['per_seed']):
-        w.writerow(dict(task=r['task'], level=r['level'], encoding=r['encoding'],
-                        learning_rate=r['learning_rate'], seed=seed,
-                        **{k: f'{s[k]:.4f}' for k in SCORES}))
-  os.replace(path + '.tmp', path)
+  results.write_table(path, fields, (
+      dict(task=r['task'], level=r['level'], encoding=r['encoding'],
+           learning_rate=r['learning_rate'], seed=seed, **{k: f'{s[k]:.4f}' for k in SCORES})
+      for r in records for seed, s in zip(r['seeds'], r['per_seed'])))
 
 
-def _level(task_name, records):
-  del records
+def _level(task_name):
   return TASKS[task_name].level
 
 
@@ -80,7 +74,7 @@ def _pct(x):
   return f'{100 * x:.1f}'
 
 
-def summary(combined, records, task_names, encodings, config) -> str:
+def summary(combined, task_names, encodings, config) -> str:
   """summary.md's text (module docstring)."""
   t, e = config.train, config.eval
   lines = [
@@ -101,14 +95,14 @@ def summary(combined, records, task_names, encodings, config) -> str:
       cells.append('–' if s is None else
                    f'{_pct(s["score_official"]["max"])} ({_pct(s["score_official"]["mean"])}'
                    f' ± {_pct(s["score_official"]["std"])})')
-    lines.append(f'| {_level(name, records)} | {name} | ' + ' | '.join(cells) + ' |')
+    lines.append(f'| {_level(name)} | {name} | ' + ' | '.join(cells) + ' |')
   lines += ['', '## Per task', '',
             f'`official`: lengths {t.max_length + 2}–{e.max_length} (their average); '
             f'`plain`: {t.max_length + 1}–{e.max_length}; `train`: accuracy on the training '
             f'batches of the last {t.chunk} steps (dropout on), mean over seeds. Max over runs, '
             'then mean ± std.', '']
   for name in task_names:
-    lines += [f'### {name} ({_level(name, records)})', '',
+    lines += [f'### {name} ({_level(name)})', '',
               '| encoding | official max | official mean ± std | plain max | plain mean ± std '
               '| train | published (Ruoss et al. 2023) |',
               '|---|---|---|---|---|---|---|']

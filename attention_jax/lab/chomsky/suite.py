@@ -32,9 +32,9 @@ from attention_jax.lab.chomsky import layout
 from attention_jax.lab.chomsky import protocol
 from attention_jax.lab.chomsky import report
 from attention_jax.lab.chomsky import trainer
+from attention_jax.lab import results
 from attention_jax.lab.tasks.chomsky import registry as tasks
 from attention_jax.lab.validate import ConfigError
-from attention_jax.positional import ENCODINGS
 from attention_jax.positional import make_encoding
 from attention_jax.positional import parse_encoding_spec
 
@@ -125,7 +125,6 @@ def check_encoding(spec: str, config: ml_collections.ConfigDict) -> None:
   except ValueError as err:
     raise ConfigError(f'invalid config: encoding {spec!r} cannot run the bidirectional '
                       f'encoder protocol: {err}') from None
-  assert name in ENCODINGS
 
 
 def settings(config: ml_collections.ConfigDict) -> list[tuple[str, str, float]]:
@@ -260,8 +259,6 @@ def run_suite(config: ml_collections.ConfigDict, workdir: str,
 
 
 def _write_json(path: str, payload) -> None:
-  """Written whole or not at all (a temporary file, then a rename)."""
+  """Written whole or not at all (`results.write_text`)."""
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path + '.tmp', 'w') as f:
-    json.dump(payload, f, indent=1)
-  os.replace(path + '.tmp', path)
+  results.write_text(path, json.dumps(payload, indent=1))

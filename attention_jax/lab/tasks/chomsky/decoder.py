@@ -72,7 +72,8 @@ class DecoderTask:
     n = lengths.astype(jnp.int32)[:, None]
     nx, ny = spec.input_length(n), spec.output_length(n)
     p = jnp.arange(self.sequence_length(max_length), dtype=jnp.int32)[None, :]
-    x_at = jnp.take_along_axis(x, jnp.clip(p - 1, 0, x.shape[1] - 1) + 0 * n, axis=1)
+    x_at = jnp.take_along_axis(
+        x, jnp.broadcast_to(jnp.clip(p - 1, 0, x.shape[1] - 1), (x.shape[0], p.shape[1])), axis=1)
     y_at = jnp.take_along_axis(y, jnp.clip(p - nx - 2, 0, y.shape[1] - 1), axis=1)
     tokens = jnp.select(
         [p == 0, p <= nx, p == nx + 1, p < nx + 2 + ny, p == nx + 2 + ny],
