@@ -44,6 +44,11 @@ def seq2seq() -> None:
   _run('seq2seq_bottleneck')
 
 
+def chomsky() -> None:
+  """attention-jax-chomsky: DeepMind's 15 tasks under their encoder protocol (chomsky.py)."""
+  _run('chomsky')
+
+
 def lesson_demo() -> None:
   """attention-jax-lesson-demo: lesson 7's worked example and shapes."""
   _run('lesson_demo')
