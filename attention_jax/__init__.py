@@ -34,6 +34,7 @@ from attention_jax.nn import AdditiveAttention
 from attention_jax.nn import MultiHeadAttention
 from attention_jax.nn import Seq2Seq
 from attention_jax.nn import SelfAttention
+from attention_jax.nn import TransformerEncoder
 from attention_jax.nn import TransformerLM
 from attention_jax.nn import generate
 from attention_jax.positional import ENCODINGS
@@ -57,7 +58,7 @@ __all__ = [
     'WindowBias',
     # Modules and generation (attention_jax.nn).
     'AdditiveAttention', 'MultiHeadAttention', 'Seq2Seq', 'SelfAttention',
-    'TransformerLM', 'generate',
+    'TransformerEncoder', 'TransformerLM', 'generate',
     # Positional encodings (attention_jax.positional).
     'ENCODINGS', 'PositionalEncoding', 'make_encoding', 'parse_encoding_spec',
     'register_encoding',

@@ -8,4 +8,5 @@ from attention_jax.nn.flax_params import from_flax
 from attention_jax.nn.flax_params import to_flax
 from attention_jax.nn.seq2seq import Seq2Seq
 from attention_jax.nn.transformer import TransformerLM
+from attention_jax.nn.encoder import TransformerEncoder
 from attention_jax.nn.decoding import generate

@@ -83,8 +83,9 @@ class TransformerEncoder(nnx.Module):
     max_positions: positions the encoding must serve (randomized: the
       noise range, theirs 2,048).
     encoding_options: keyword options of the encoding's `build`.
-    dropout_rate: theirs 0.1; needs `rngs` with a 'dropout' stream.
-    rngs: `nnx.Rngs` (params, dropout).
+    dropout_rate: theirs 0.1; it drops only in a call with
+      `deterministic=False` and `rngs=nnx.Rngs(dropout=…)` (training).
+    rngs: `nnx.Rngs` for the parameters.
   """
 
   def __init__(self, *, vocab_size: int, output_size: int, d_model: int, num_heads: int,
@@ -119,6 +120,9 @@ class TransformerEncoder(nnx.Module):
     distances `[L, T, T]` / `[L, B, T, T]` per layer."""
     if tokens.ndim != 2:
       raise ValueError(f'tokens must be [batch, length], got shape {tokens.shape}.')
+    if not deterministic and rngs is None:
+      raise ValueError('deterministic=False (dropout) needs the call\'s rngs, e.g. '
+                       'rngs=nnx.Rngs(dropout=0).')
     t, n = tokens.shape[1], self.num_layers
     if positions is not None and layer_positions is not None:
       raise ValueError('give positions (shared by the layers) or layer_positions, not both.')

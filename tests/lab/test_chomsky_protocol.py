@@ -181,6 +181,12 @@ class EncoderTest(chex.TestCase, parameterized.TestCase):
       TransformerEncoder(vocab_size=3, output_size=2, d_model=16, num_heads=2, num_layers=1,
                          mlp_dim=32, encoding='fox', rngs=nnx.Rngs(0))
 
+  def test_dropout_without_rngs_is_named(self):
+    model = TransformerEncoder(vocab_size=3, output_size=2, d_model=16, num_heads=2,
+                               num_layers=1, mlp_dim=32, dropout_rate=0.1, rngs=nnx.Rngs(0))
+    with self.assertRaisesRegex(ValueError, 'needs the call.s rngs'):
+      model(jnp.zeros((1, 4), jnp.int32), deterministic=False)
+
   def test_bad_layer_positions_named(self):
     model = TransformerEncoder(vocab_size=3, output_size=2, d_model=16, num_heads=2,
                                num_layers=2, mlp_dim=32, encoding='rope', rngs=nnx.Rngs(0))
