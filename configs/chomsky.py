@@ -25,7 +25,8 @@ Presets by `:arg`, comma-separated `key=value`:
                   d_model 64, 8 heads, batch 128, lengths 1–40 then 1–500
                   with 512 samples each, their learning-rate grid, seeds and
                   steps; for accelerators) | tiny (the tests' smoke run)
-  tasks=A+B       a subset of the 15 (attention_jax.lab.tasks.chomsky.TASKS)
+  tasks=A+B       a subset of the 15, or any task of attention_jax.lab.tasks.SPECS
+                  (copy, reverse and duplicate too, alphabet 16)
   encodings=A+B   a subset or others (any registry name that runs
                   bidirectionally, with :randomized for those their code
                   randomizes)

@@ -55,7 +55,7 @@ def coupled_max_position(config: ml_collections.ConfigDict) -> int:
   return config.positions.max_position or config.eval.max_length + 3
 
 
-def configured_task(config: ml_collections.ConfigDict) -> tasks.Task:
+def configured_task(config: ml_collections.ConfigDict) -> tasks.DecoderTask:
   """`config.task.name`'s task with the config's data options: `task.pack`
   examples per training sequence (transformers; 1 for seq2seq models) and
   coupled positions ('NAME:coupled'). A ValueError names a bad value."""

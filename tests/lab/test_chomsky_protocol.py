@@ -13,8 +13,8 @@ from flax import nnx
 
 from attention_jax.lab.chomsky import layout
 from attention_jax.lab.chomsky import protocol
-from attention_jax.lab.tasks.chomsky.spec import ChomskyTask
-from attention_jax.lab.tasks.chomsky.spec import same_length
+from attention_jax.lab.tasks.spec import TaskSpec
+from attention_jax.lab.tasks.spec import same_length
 from attention_jax.nn.encoder import TransformerEncoder
 from attention_jax.positional.alibi import ALiBi
 from attention_jax.positional.alibi import alibi_slopes
@@ -37,8 +37,8 @@ def _terminated(key, n, b, big):
   return x, jnp.where(j < n, jnp.pad(x, ((0, 0), (0, 1))), jnp.where(j == n, 2, 0))
 
 
-PARITY = ChomskyTask('parity', 'regular', 2, 2, _parity)
-TERMINATED = ChomskyTask('term', 'context_free', 2, 3, _terminated,
+PARITY = TaskSpec('parity', 'regular', 2, 2, _parity)
+TERMINATED = TaskSpec('term', 'context_free', 2, 3, _terminated,
                          output_length=lambda n: n + 1, terminated=True)
 
 
@@ -100,7 +100,7 @@ class LayoutTest(chex.TestCase):
     def early(key, n, b, big):  # terminator after 1 symbol, zeros after it
       j = jnp.arange(big + 1)[None]
       return _bits(key, n, b, big), jnp.broadcast_to(jnp.where(j == 1, 2, 1), (b, big + 1))
-    task = ChomskyTask('early', 'context_free', 2, 3, early, output_length=lambda n: n + 1,
+    task = TaskSpec('early', 'context_free', 2, 3, early, output_length=lambda n: n + 1,
                        terminated=True)
     b = layout.encoder_batch(task, jax.random.key(1), jnp.int32(4), batch_size=2, max_length=4)
     np.testing.assert_array_equal(b['accuracy_mask'][0, 4:9], [1, 1, 0, 0, 0])
@@ -109,7 +109,7 @@ class LayoutTest(chex.TestCase):
   def test_padded_slots_share_shapes(self):
     self.assertEqual(layout.padded_slots(PARITY, 10), 11)
     self.assertEqual(layout.padded_slots(TERMINATED, 10), 21)
-    rev = ChomskyTask('r', 'context_free', 2, 2, _parity, output_length=same_length)
+    rev = TaskSpec('r', 'context_free', 2, 2, _parity, output_length=same_length)
     self.assertEqual(layout.padded_slots(rev, 10), 21)
 
 

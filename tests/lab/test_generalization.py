@@ -179,7 +179,7 @@ class CouplingTest(parameterized.TestCase):
     for row in range(16):
       start = 0
       for n in lengths[row]:
-        m = task.output_factor * n
+        m = task.spec.output_factor * n
         tok, pos = tokens[row, start:], positions[row, start:]
         s = pos[1] - 1  # x_1 sits at s + 1
         self.assertGreaterEqual(s, 1)
@@ -197,7 +197,7 @@ class CouplingTest(parameterized.TestCase):
           np.testing.assert_array_equal(
               pos[n + 2:n + 2 + m], [s + SOURCE[name](n, k) for k in range(1, m + 1)])
         self.assertEqual((pos[0], pos[n + 2 + m]), (0, 0))  # BOS, EOS
-        start += n * (1 + task.output_factor) + 3
+        start += n * (1 + task.spec.output_factor) + 3
 
   def test_evaluation_uses_offset_one(self):
     batch = tasks.make_batch(_task('reverse', coupled_max_position=20), jax.random.key(0),

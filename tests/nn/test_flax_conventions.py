@@ -374,9 +374,9 @@ class CoupledPositionIdsTest(chex.TestCase, parameterized.TestCase):
     lengths, total = jnp.array([1, 3, 4]), task.sequence_length(4)
     offset = jnp.array([1, 2, 5])
     chex.assert_trees_all_equal(
-        aj.positional.coupled_position_ids(task.rule, lengths, total, offset,
-                                           output_factor=task.output_factor),
-        lab_coupling.coupled_positions(task, lengths, total, offset))
+        aj.positional.coupled_position_ids(task.spec.rule, lengths, total, offset,
+                                           output_factor=task.spec.output_factor),
+        lab_coupling.coupled_positions(task.spec, lengths, total, offset))
 
   def test_copy_ids_by_hand(self):
     copy = lambda x, n, j: jnp.take_along_axis(x, j, 1)

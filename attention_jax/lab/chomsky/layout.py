@@ -38,19 +38,19 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from attention_jax.lab.tasks.chomsky.spec import ChomskyTask
+from attention_jax.lab.tasks.spec import TaskSpec
 
 # How each randomized encoding draws (module docstring); others are refused.
 NOISE_KINDS = {'sinusoidal': 'embedding', 'learned': 'embedding', 'rope': 'per_layer',
                'alibi': 'distances', 'relative': 'distances'}
 
 
-def sequence_shape(task: ChomskyTask, max_length: int) -> tuple[int, int]:
+def sequence_shape(task: TaskSpec, max_length: int) -> tuple[int, int]:
   """(input slots, output slots) of the padded layout at the longest length."""
   return int(task.input_length(max_length)), int(task.output_length(max_length))
 
 
-def padded_slots(task: ChomskyTask, max_length: int) -> int:
+def padded_slots(task: TaskSpec, max_length: int) -> int:
   """Tokens of the padded layout at the longest length N: the first of N + 1,
   2N + 1, 3N that holds input_length(N) + output_length(N), so that tasks
   share a few shapes (and their compiled programs: `trainer.Programs`)."""
@@ -61,7 +61,7 @@ def padded_slots(task: ChomskyTask, max_length: int) -> int:
   return need
 
 
-def encoder_batch(task: ChomskyTask, key: jax.Array, length, *, batch_size: int,
+def encoder_batch(task: TaskSpec, key: jax.Array, length, *, batch_size: int,
                   max_length: int, slots: Optional[int] = None) -> dict[str, jax.Array]:
   """The task's batch at `length` (traced int32 scalar, 1 … max_length).
 
@@ -75,7 +75,7 @@ def encoder_batch(task: ChomskyTask, key: jax.Array, length, *, batch_size: int,
       `accuracy_mask` (`argmax(argmax(target, -1), -1)`).
   """
   n = jnp.asarray(length, jnp.int32)
-  x, y = task.generate(key, n, batch_size, max_length)
+  x, y = task.sample(key, n, batch_size, max_length)
   slots_in, slots_out = sequence_shape(task, max_length)
   nx, ny = task.input_length(n), task.output_length(n)
   slots = slots_in + slots_out if slots is None else slots

@@ -17,7 +17,7 @@ import numpy as np
 
 from attention_jax.lab import results
 from attention_jax.lab.chomsky import published
-from attention_jax.lab.tasks.chomsky.registry import TASKS
+from attention_jax.lab.tasks import SPECS
 
 LEVEL_TITLES = {'regular': 'Regular (R)', 'context_free': 'Deterministic context-free (DCF)',
                 'context_sensitive': 'Context-sensitive (CS)'}
@@ -67,7 +67,7 @@ def _write_csv(records, path):
 
 
 def _level(task_name):
-  return TASKS[task_name].level
+  return SPECS[task_name].level
 
 
 def _pct(x):
@@ -104,19 +104,20 @@ def summary(combined, task_names, encodings, config) -> str:
   for name in task_names:
     lines += [f'### {name} ({_level(name)})', '',
               '| encoding | official max | official mean ± std | plain max | plain mean ± std '
-              '| train | published (Ruoss et al. 2023) |',
+              '| train | published (DAPE 2024) |',
               '|---|---|---|---|---|---|---|']
     for enc in encodings:
       s = combined.get((name, enc))
       if s is None:
         continue
       o, p = s['score_official'], s['score_plain']
-      pub = published.ruoss_2023(name, enc)
+      pub = published.dape_2024(name, enc)
       lines.append(f'| {enc} | {_pct(o["max"])} | {_pct(o["mean"])} ± {_pct(o["std"])} | '
                    f'{_pct(p["max"])} | {_pct(p["mean"])} ± {_pct(p["std"])} | '
-                   f'{_pct(s["train_accuracy"])} | {"–" if pub is None else f"{pub:.1f}"} |')
+                   f'{_pct(s["train_accuracy"])} | {"–" if pub is None else f"{pub:.2f}"} |')
     lines.append('')
-  lines += [f'Published values: {published.RUOSS_2023_SOURCE}', '']
+  lines += [f'Published values: {published.DAPE_2024_SOURCE}. Not transcribed: '
+            f'{published.RUOSS_2023_SOURCE}.', '']
   return '\n'.join(lines)
 
 
@@ -136,7 +137,7 @@ def figure(combined, task_names, encodings, path: str, title: str = '') -> None:
         ax.text(j, i, f'{grid[i, j]:.0f}', ha='center', va='center', fontsize=7,
                 color='white' if grid[i, j] < 60 else 'black')
   ax.set_xticks(range(len(encodings)), encodings, rotation=40, ha='right', fontsize=8)
-  levels = [TASKS[name].level for name in task_names]
+  levels = [SPECS[name].level for name in task_names]
   ax.set_yticks(range(len(task_names)),
                 [f'{n} [{LEVEL_TITLES[lv].split("(")[1][:-1]}]' for n, lv in
                  zip(task_names, levels)], fontsize=8)

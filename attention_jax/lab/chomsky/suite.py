@@ -33,7 +33,7 @@ from attention_jax.lab.chomsky import protocol
 from attention_jax.lab.chomsky import report
 from attention_jax.lab.chomsky import trainer
 from attention_jax.lab import results
-from attention_jax.lab.tasks.chomsky import registry as tasks
+from attention_jax.lab import tasks
 from attention_jax.lab.validate import ConfigError
 from attention_jax.positional import make_encoding
 from attention_jax.positional import parse_encoding_spec
@@ -57,14 +57,14 @@ def identity(config: ml_collections.ConfigDict) -> dict:
 def validate(config: ml_collections.ConfigDict) -> None:
   """ConfigError naming the first bad value, before anything runs."""
   t, e, m = config.train, config.eval, config.model
-  longest = max([layout.padded_slots(tasks.get_task(n), e.max_length)
-                 for n in config.tasks if n in tasks.TASKS], default=0)
+  longest = max([layout.padded_slots(tasks.get_spec(n), e.max_length)
+                 for n in config.tasks if n in tasks.SPECS], default=0)
   if not config.tasks:
-    raise ConfigError(f'invalid config: tasks is empty; choose from {list(tasks.TASKS)}.')
+    raise ConfigError(f'invalid config: tasks is empty; choose from {list(tasks.SPECS)}.')
   for name in config.tasks:
-    if name not in tasks.TASKS:
+    if name not in tasks.SPECS:
       raise ConfigError(f'invalid config: unknown task {name!r} in tasks; choose from '
-                        f'{list(tasks.TASKS)}.')
+                        f'{list(tasks.SPECS)}.')
   if not config.encodings:
     raise ConfigError('invalid config: encodings is empty.')
   m_ok = all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
@@ -187,7 +187,7 @@ def groups(config: ml_collections.ConfigDict) -> list[tuple[str, float, list[str
     for lr in config.learning_rates:
       by_shape = {}
       for name in config.tasks:
-        slots = layout.padded_slots(tasks.get_task(name), config.train.max_length)
+        slots = layout.padded_slots(tasks.get_spec(name), config.train.max_length)
         by_shape.setdefault(slots, []).append(name)
       out += [(encoding, float(lr), names) for names in by_shape.values()]
   return out
@@ -195,7 +195,7 @@ def groups(config: ml_collections.ConfigDict) -> list[tuple[str, float, list[str
 
 def run_group(programs, config, encoding, learning_rate, names, progress) -> list[dict]:
   """Trains and evaluates every task of `names` × seed together -> a record each."""
-  group = [tasks.get_task(n) for n in names]
+  group = [tasks.get_spec(n) for n in names]
   begun = time.time()
   graphdef, params, rest, trained_log = trainer.train(programs, group, encoding,
                                                       list(config.seeds), learning_rate,
@@ -226,7 +226,7 @@ def run_suite(config: ml_collections.ConfigDict, workdir: str,
   os.makedirs(workdir, exist_ok=True)
   _write_json(os.path.join(workdir, 'config.json'),
               dict(identity=identity(config), config=config.to_dict()))
-  programs = trainer.Programs.for_tasks(config, [tasks.get_task(t) for t in config.tasks])
+  programs = trainer.Programs.for_tasks(config, [tasks.get_spec(t) for t in config.tasks])
   found, begun, done = {}, time.time(), 0
   todo = groups(config)
   total = sum(len(names) for _, _, names in todo)

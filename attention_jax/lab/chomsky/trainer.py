@@ -39,7 +39,7 @@ from flax import nnx
 from attention_jax.lab.chomsky import layout
 from attention_jax.lab.chomsky import protocol
 from attention_jax.lab.train.interrupt import raise_if_stopped
-from attention_jax.lab.tasks.chomsky.spec import ChomskyTask
+from attention_jax.lab.tasks.spec import TaskSpec
 from attention_jax.nn.encoder import TransformerEncoder
 from attention_jax.positional import parse_encoding_spec
 
@@ -55,7 +55,7 @@ def noise_kind(encoding: str) -> Optional[str]:
   return layout.NOISE_KINDS[name]
 
 
-def sizes(tasks: list[ChomskyTask], max_length: int) -> tuple[int, int, int]:
+def sizes(tasks: list[TaskSpec], max_length: int) -> tuple[int, int, int]:
   """(vocabulary, classes, positions) shared by `tasks`: the largest
   input_size + 1 (the blank), the largest output_size (module docstring),
   and the most slots any of them fills at `max_length`."""
@@ -94,7 +94,7 @@ class Programs:
     self._cache = {}
 
   @classmethod
-  def for_tasks(cls, config: ml_collections.ConfigDict, tasks: list[ChomskyTask]):
+  def for_tasks(cls, config: ml_collections.ConfigDict, tasks: list[TaskSpec]):
     """The programs of a run over `tasks` (their shared sizes: `sizes`)."""
     return cls(config, *sizes(tasks, config.eval.max_length))
 
@@ -124,7 +124,7 @@ class Programs:
     logits = model(batch['tokens'], lengths=batch['lengths'], **noise, **kwargs)
     return _masked_logits(logits, batch['num_classes'][0])
 
-  def train_data(self, task: ChomskyTask, slots: int):
+  def train_data(self, task: TaskSpec, slots: int):
     """jit (seeds int32 [S], start) -> batches `[S, chunk, …]`, one per step
     `start …`, and each step's noise and dropout keys."""
     t = self.config.train
@@ -168,7 +168,7 @@ class Programs:
     make = lambda: (tx, jax.jit(jax.vmap(one), donate_argnums=(0, 1)))
     return self._get(('train_chunk', encoding, float(learning_rate), slots), make)
 
-  def eval_data(self, task: ChomskyTask, slots: int, padded: int):
+  def eval_data(self, task: TaskSpec, slots: int, padded: int):
     """jit length -> the `samples // sub_batch` sub-batches at that length."""
     e = self.config.eval
 
@@ -184,7 +184,7 @@ class Programs:
       return jax.vmap(sub)(keys)
     return self._get(('eval_data', task.name, slots, padded), lambda: jax.jit(at))
 
-  def eval_batches(self, task: ChomskyTask, n: int, slots: int, padded: int) -> dict:
+  def eval_batches(self, task: TaskSpec, n: int, slots: int, padded: int) -> dict:
     """The evaluation's sub-batches at length n, with the task's class count;
     kept for the next encoding when `eval.cache` (the same data for all)."""
     key = ('eval_batches', task.name, n, slots, padded)
@@ -218,7 +218,7 @@ def optimizer(config: ml_collections.ConfigDict, learning_rate: float):
                      optax.adam(learning_rate))
 
 
-def train(programs: Programs, group: list[ChomskyTask], encoding: str, seeds: list[int],
+def train(programs: Programs, group: list[TaskSpec], encoding: str, seeds: list[int],
           learning_rate: float, progress: Callable[[str], None] = print):
   """Trains one model per task of `group` (tasks of one padded shape,
   `layout.padded_slots`) and seed, all in one program: members task-major,
@@ -266,7 +266,7 @@ def evaluation_lengths(config: ml_collections.ConfigDict) -> list[int]:
   return list(range(config.eval.min_length, config.eval.max_length + 1))
 
 
-def evaluate(programs: Programs, task: ChomskyTask, encoding: str, graphdef, params,
+def evaluate(programs: Programs, task: TaskSpec, encoding: str, graphdef, params,
              rest) -> np.ndarray:
   """Accuracy per seed and length, float `[S, len(evaluation_lengths)]`.
   Lengths are padded to buckets of `eval.bucket` symbols (one compiled

@@ -7,7 +7,7 @@ import numpy as np
 from attention_jax.lab import tasks
 
 
-def seq2seq_alignment(model, task: tasks.Task, length: int, *, vocab_size: int,
+def seq2seq_alignment(model, task: tasks.DecoderTask, length: int, *, vocab_size: int,
                       seed: int = 0) -> dict[str, np.ndarray]:
   """Greedy-decodes one example of input length `length` and returns
   `weights` `[m + 1, length]` (decoder step × encoder position, over the real

@@ -19,7 +19,7 @@ from attention_jax.lab.evaluate import ambiguity
 from attention_jax.lab.evaluate.lengths import evaluation_strings
 
 
-def copy_examples(task: tasks.Task, length: int, num: int, *, vocab_size: int, seed: int,
+def copy_examples(task: tasks.DecoderTask, length: int, num: int, *, vocab_size: int, seed: int,
                   max_position: int = 0, draw: str = 'per_example') -> dict[str, jax.Array]:
   """`num` examples of input length `length`, unpadded (decoder-only layout),
   with randomized positions from [0, max_position) when `max_position` > 0,

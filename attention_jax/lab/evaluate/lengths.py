@@ -76,7 +76,7 @@ PROGRAMS_KEPT = 8
 
 
 @functools.lru_cache(maxsize=PROGRAMS_KEPT)
-def evaluation_program(*, graphdef, task: tasks.Task, bucket: int, num_samples: int,
+def evaluation_program(*, graphdef, task: tasks.DecoderTask, bucket: int, num_samples: int,
                        vocab_size: int, max_position: int = 0, draw: str = 'per_example',
                        generate: bool = False, stacked: bool = False):
   """`(state, key, n) -> metrics`, jitted: `_metrics`, or with `stacked` the
@@ -130,7 +130,7 @@ def evaluation_keys(eval_seed: int, n: int, num_batches: int) -> jax.Array:
   return jax.random.split(jax.random.fold_in(jax.random.key(eval_seed), n), num_batches)
 
 
-def evaluation_strings(task: tasks.Task, lengths: Iterable[int], *, train_max: int,
+def evaluation_strings(task: tasks.DecoderTask, lengths: Iterable[int], *, train_max: int,
                        num_samples: int, vocab_size: int, eval_seed: int = 12345,
                        batch_size: int = 256, max_position: int = 0,
                        draw: str = 'per_example') -> dict[int, dict[str, np.ndarray]]:
@@ -157,7 +157,7 @@ def evaluation_strings(task: tasks.Task, lengths: Iterable[int], *, train_max: i
   return out
 
 
-def evaluate_lengths(model: nnx.Module, task: tasks.Task, lengths: Iterable[int],
+def evaluate_lengths(model: nnx.Module, task: tasks.DecoderTask, lengths: Iterable[int],
                      **kwargs) -> list[dict]:
   """Per length: `{'length', 'token_accuracy', 'exact_match'}` over
   `num_samples` sequences (evaluated `batch_size` at a time), plus
@@ -167,7 +167,7 @@ def evaluate_lengths(model: nnx.Module, task: tasks.Task, lengths: Iterable[int]
   return evaluate_models([model], task, lengths, **kwargs)[0]
 
 
-def evaluate_models(trained: list[nnx.Module], task: tasks.Task, lengths: Iterable[int], *,
+def evaluate_models(trained: list[nnx.Module], task: tasks.DecoderTask, lengths: Iterable[int], *,
                     train_max: int, num_samples: int, vocab_size: int,
                     eval_seed: int = 12345, batch_size: int = 256,
                     max_position: int = 0, draw: str = 'per_example',

@@ -1,10 +1,16 @@
-"""Synthetic tasks, batches made on device: copy, reverse, duplicate
-(`copy.py`), multi-digit addition (`addition.py`) and DeepMind's 15
-length-generalization tasks (`chomsky/`, laid out by `chomsky/decoder.py`).
+"""Tasks, batches made on device. A task is inputs and outputs of any layout
+and length (`spec.TaskSpec`): copy, reverse and duplicate (`copy.py`) and
+DeepMind's 15 length-generalization tasks (`chomsky/`), all in `SPECS`. A
+protocol lays a task out for a model: the causal decoder's `BOS x SEP y EOS`
+(`decoder.DecoderTask`, batches in `batches.py`) and the bidirectional
+encoder's `x BLANK…` (`lab.chomsky`); each serves every spec. Multi-digit
+addition (`addition.py`: two operands of their own lengths, index hints,
+Abacus digits) is a task of the decoder protocol only.
 
-Every task follows one protocol, so training and evaluation never ask which
-task they run: a frozen dataclass with `name`, `pack`, `coupled_max_position`,
-`digit_tokens` (what Abacus embeddings count; () for none), `has_seq2seq`, and
+`TASKS` maps a name to its decoder-protocol task. Training and evaluation
+never ask which task they run: a task of the protocol is a frozen dataclass
+with `name`, `pack`, `coupled_max_position`, `digit_tokens` (what Abacus
+embeddings count; () for none), `has_seq2seq`, `ceiling`, and
 
   configure(task_config) -> task   its options from the config's `task` group
   num_symbols(vocab_size) -> int   token ids past the NUM_SPECIAL special ones
@@ -16,30 +22,34 @@ task they run: a frozen dataclass with `name`, `pack`, `coupled_max_position`,
                                    `BOS input SEP output EOS PAD …`, `[B, L]`
   coupled_positions(tokens, lengths, offset), random_offsets(key, lengths,
   max_position), check_max_position(max_position, max_length): coupling.
+
+A new task of the copy family is a rule and one `copy.TASKS` entry; any
+other task is a `TaskSpec` (a generator `(key, length, B, N) -> (x, y)`)
+and one entry in `SPECS`.
 """
 
-from attention_jax.lab.tasks.copy import BOS, EOS, NUM_SPECIAL, PAD, SEP
-from attention_jax.lab.tasks.copy import COPY_TASKS
-from attention_jax.lab.tasks.copy import LAYOUTS
-from attention_jax.lab.tasks.copy import Task
-from attention_jax.lab.tasks.copy import make_batch
-from attention_jax.lab.tasks.copy import make_seq2seq_batch
-from attention_jax.lab.tasks.copy import sample_lengths
-from attention_jax.lab.tasks.copy import sequence_length
-from attention_jax.lab.tasks.copy import tokens_read
-from attention_jax.lab.tasks.copy import train_batch
-from attention_jax.lab.tasks.copy import with_random_positions
+from attention_jax.lab.tasks.batches import BOS, EOS, NUM_SPECIAL, PAD, SEP
+from attention_jax.lab.tasks.batches import LAYOUTS
+from attention_jax.lab.tasks.batches import make_batch
+from attention_jax.lab.tasks.batches import make_seq2seq_batch
+from attention_jax.lab.tasks.batches import sample_lengths
+from attention_jax.lab.tasks.batches import sequence_length
+from attention_jax.lab.tasks.batches import tokens_read
+from attention_jax.lab.tasks.batches import train_batch
+from attention_jax.lab.tasks.batches import with_random_positions
 from attention_jax.lab.tasks.addition import Addition
 from attention_jax.lab.tasks import addition
+from attention_jax.lab.tasks import copy
 from attention_jax.lab.tasks import coupling
 from attention_jax.lab.tasks import packing
-from attention_jax.lab.tasks.chomsky.decoder import DecoderTask
+from attention_jax.lab.tasks.decoder import DecoderTask
+from attention_jax.lab.tasks.spec import LEVELS
+from attention_jax.lab.tasks.spec import TaskSpec
 from attention_jax.lab.tasks.chomsky.registry import TASKS as CHOMSKY_TASKS
 
-# DeepMind's 15 tasks under this protocol too (`chomsky/decoder.py`); their
-# own encoder protocol is `lab.chomsky`.
-TASKS = {**COPY_TASKS, 'addition': Addition(),
-         **{name: DecoderTask(spec) for name, spec in CHOMSKY_TASKS.items()}}
+# Every task of the one kind, by name: both protocols serve each.
+SPECS = {**copy.TASKS, **CHOMSKY_TASKS}
+TASKS = {**{name: DecoderTask(spec) for name, spec in SPECS.items()}, 'addition': Addition()}
 
 
 def get_task(name: str):
@@ -48,3 +58,10 @@ def get_task(name: str):
   if name not in TASKS:
     raise ValueError(f'unknown task {name!r}; choose one of {sorted(TASKS)}.')
   return TASKS[name]
+
+
+def get_spec(name: str) -> TaskSpec:
+  """The task `name` of the one kind (`SPECS`); a ValueError lists them."""
+  if name not in SPECS:
+    raise ValueError(f'unknown task {name!r}; choose one of {list(SPECS)}.')
+  return SPECS[name]

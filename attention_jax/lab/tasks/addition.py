@@ -47,7 +47,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from attention_jax.lab.tasks.copy import BOS, EOS, NUM_SPECIAL, PAD, SEP
+from attention_jax.lab.tasks.batches import BOS, EOS, NUM_SPECIAL, PAD, SEP
 
 DIGIT0 = NUM_SPECIAL  # digit d is token DIGIT0 + d
 PLUS = NUM_SPECIAL + 10

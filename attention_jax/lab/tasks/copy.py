@@ -1,25 +1,18 @@
-"""Synthetic sequence tasks — copy, reverse, duplicate — made on device.
+"""The copy family — copy, reverse, duplicate — as tasks of the one kind
+(`spec.TaskSpec`): uniform random strings over an alphabet that is an
+option (`task.vocab_size`), and outputs that copy inputs by a rule.
 
-Layout, for a decoder-only causal language model:
+  copy       y = x                 m = n    regular: a finite-state transducer
+  reverse    y = x_n … x_1         m = n    context-free: a stack
+  duplicate  y = x x               m = 2n   context-sensitive: ww
 
-    BOS x_1 … x_n SEP y_1 … y_m EOS PAD …
+Their levels are those of DeepMind's reverse_string and duplicate_string
+(copy, the identity, is regular), so they sit in the benchmark's figure
+beside them under either protocol.
 
-with `x` random symbols and `y` the task's rule applied to `x`. The model
-reads `tokens[:-1]` and predicts `tokens[1:]`; the loss and every metric count
-only the output tokens `y_1 … y_m EOS` (the `loss_mask`).
-
-Batches are pure functions of `(key, step)` (plus static shapes), so they are
-generated inside the compiled train step: no host data loop, and the same
-stream on every run and after a resume. Examples in a batch have different
-lengths and are right-padded. Under a causal mask padding sits after every
-real token and so is never attended by one; it only has to be kept out of the
-loss, which `loss_mask` does.
-
-Two options ride on the `Task` (set from a config by
-`lab.models.configured_task`): `pack`, examples packed per training sequence
-(`packing.py`; evaluation stays one per sequence), and
-`coupled_max_position`, position coupling (`coupling.py`): the batches then
-carry `positions`, the coupled ids, for the model to read.
+`rule(x [B, N], n [B], j [B, M]) -> y_j [B, M]` gives the j-th output token
+(0-based) of inputs x of lengths n: the form `positional.coupled_position_ids`
+reads to couple each output's position with the input it copies.
 """
 
 import dataclasses
@@ -28,246 +21,74 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from attention_jax.lab.tasks import coupling
-from attention_jax.lab.tasks import packing
-from attention_jax.positional.abacus import sample_offset
-from attention_jax.positional.randomized import random_positions
-
-PAD, BOS, SEP, EOS = 0, 1, 2, 3
-NUM_SPECIAL = 4
+from attention_jax.lab.tasks.spec import TaskSpec
 
 
-def _copy(x, n, j):
+def copy_rule(x, n, j):
   del n
   return jnp.take_along_axis(x, j, axis=1)
 
 
-def _reverse(x, n, j):
+def reverse_rule(x, n, j):
   return jnp.take_along_axis(x, jnp.clip(n[:, None] - 1 - j, 0, None), axis=1)
 
 
-def _duplicate(x, n, j):
+def duplicate_rule(x, n, j):
   return jnp.take_along_axis(x, j % jnp.maximum(n[:, None], 1), axis=1)
 
 
 @dataclasses.dataclass(frozen=True)
-class Task:
-  """A task: output length as a function of input length, and the rule."""
-  name: str
-  output_factor: int  # m = output_factor * n
-  # (x [B, N], n [B], j [B, M]) -> y_j [B, M]: the j-th output token.
-  rule: Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
-  pack: int = 1  # examples per training sequence (train_batch only)
-  coupled_max_position: int = 0  # > 0: coupled position ids, all below this
-  abacus_max_k: int = 0  # > 0: training batches carry an Abacus offset k in [0, this]
-  digit_tokens = ()  # no digits for Abacus embeddings to count
-  has_seq2seq = True  # `make_seq2seq_batch` lays it out for encoder-decoders
-  ceiling = True  # outputs copied from x: the k-gram ceiling applies (evaluate/ambiguity.py)
+class Times:
+  """n -> k · n (a value, so that equal tasks compare equal)."""
+  k: int
 
-  # The task protocol (`tasks/__init__.py`), which `addition.Addition` follows too.
-  def configure(self, task_config) -> 'Task':
-    del task_config  # no options of its own (pack and coupling: `configured_task`)
-    return self
-
-  def num_symbols(self, vocab_size: int) -> int:
-    return vocab_size
-
-  def sequence_length(self, max_length: int) -> int:
-    return max_length * (1 + self.output_factor) + 3
-
-  def max_number_length(self, max_length: int) -> int:
-    return self.output_factor * max_length
-
-  def fixed_lengths(self, n, batch_size: int) -> jax.Array:
-    return jnp.full((batch_size,), n, jnp.int32)
-
-  def sample_lengths(self, key, batch_size: int, min_length: int, max_length: int):
-    return sample_lengths(key, batch_size, min_length, max_length)
-
-  def example(self, key, lengths, vocab_size: int, max_length: int):
-    return _example_tokens(self, key, lengths, vocab_size, max_length)
-
-  def coupled_positions(self, tokens, lengths, offset) -> jax.Array:
-    return coupling.coupled_positions(self, lengths, tokens.shape[1], offset)
-
-  def random_offsets(self, key, lengths, max_position: int) -> jax.Array:
-    return coupling.random_offsets(key, lengths, max_position)
-
-  def check_max_position(self, max_position: int, max_length: int) -> None:
-    coupling.check_max_position(max_position, max_length)
+  def __call__(self, n):
+    return self.k * n
 
 
-COPY_TASKS = {
-    'copy': Task('copy', 1, _copy),
-    'reverse': Task('reverse', 1, _reverse),
-    'duplicate': Task('duplicate', 2, _duplicate),
+@dataclasses.dataclass(frozen=True)
+class CopyingTask(TaskSpec):
+  """A task whose j-th output is the input `rule` points to; m = output_factor · n."""
+  generate: None = None  # drawn by `sample_examples` (the strings do not depend on n)
+  output_factor: int = 1
+  rule: Callable = copy_rule
+
+  copies_inputs = True
+
+  def __post_init__(self):
+    if self.output_length != Times(self.output_factor):
+      raise ValueError(f'{self.name}: output_length must be Times(output_factor).')
+
+  def sample(self, key, length, batch_size: int, max_length: int):
+    lengths = jnp.full((batch_size,), length, jnp.int32)
+    return self.sample_examples(key, lengths, max_length)
+
+  def sample_examples(self, key, lengths, max_length: int):
+    """x uniform on the alphabet, one draw for the batch `[B, N]` (zeros
+    past each n), and y = rule(x) `[B, output_factor · N]` (zeros past m)."""
+    b = lengths.shape[0]
+    n = lengths.astype(jnp.int32)
+    x = jax.random.randint(key, (b, max_length), 0, self.input_size, jnp.int32)
+    j = jnp.broadcast_to(jnp.arange(self.output_factor * max_length, dtype=jnp.int32)[None],
+                         (b, self.output_factor * max_length))
+    y = jnp.where(j < self.output_factor * n[:, None], self.rule(x, n, j), 0)
+    return jnp.where(jnp.arange(max_length)[None] < n[:, None], x, 0), y
+
+  def with_alphabet(self, vocab_size: int) -> 'CopyingTask':
+    if vocab_size == self.input_size:
+      return self
+    return dataclasses.replace(self, input_size=vocab_size, output_size=vocab_size)
+
+
+def _copying(name: str, level: str, output_factor: int, rule: Callable,
+             vocab_size: int = 16) -> CopyingTask:
+  """Alphabet 16 by default, the study's (`configs/copy.py`)."""
+  return CopyingTask(name, level, vocab_size, vocab_size, output_length=Times(output_factor),
+                     output_factor=output_factor, rule=rule)
+
+
+TASKS = {
+    'copy': _copying('copy', 'regular', 1, copy_rule),
+    'reverse': _copying('reverse', 'context_free', 1, reverse_rule),
+    'duplicate': _copying('duplicate', 'context_sensitive', 2, duplicate_rule),
 }
-
-
-def sequence_length(task: Task, max_input_length: int) -> int:
-  """Tokens in `BOS x SEP y EOS` for the longest input: the padded length."""
-  return task.sequence_length(max_input_length)
-
-
-def tokens_read(task: Task, max_input_length: int) -> int:
-  """Tokens a decoder-only model reads for the longest input (`inputs`'
-  length): the sequence minus its last token."""
-  return sequence_length(task, max_input_length) - 1
-
-
-def _sample_inputs(key: jax.Array, batch_size: int, max_input_length: int,
-                   vocab_size: int) -> jax.Array:
-  """Random symbols x `[B, max_input_length]`: the one draw both layouts share,
-  so a key gives the same sequences to the transformer and the seq2seq models."""
-  return jax.random.randint(key, (batch_size, max_input_length), NUM_SPECIAL,
-                            NUM_SPECIAL + vocab_size, jnp.int32)
-
-
-def make_batch(task: Task, key: jax.Array, lengths: jax.Array, *,
-               vocab_size: int, max_input_length: int) -> dict[str, jax.Array]:
-  """Builds examples with input lengths `lengths` `[B]` (traced, each in
-  1 … max_input_length), all padded to `sequence_length(task, max_input_length)`.
-
-  Returns a dict of `[B, T]` arrays, T = sequence_length - 1:
-    inputs: int32 tokens fed to the model (`tokens[:-1]`).
-    targets: int32 next tokens (`tokens[1:]`).
-    loss_mask: bool, True on output tokens (y and EOS) of `targets`.
-  and `lengths` `[B]`. Symbols are `NUM_SPECIAL … NUM_SPECIAL + vocab_size - 1`.
-  """
-  tokens, is_output = task.example(key, lengths, vocab_size, max_input_length)
-  batch = dict(inputs=tokens[:, :-1], targets=tokens[:, 1:],
-               loss_mask=is_output[:, 1:], lengths=lengths)
-  if task.coupled_max_position:  # evaluation: offset 1 (coupling.py)
-    positions = task.coupled_positions(tokens, lengths, jnp.ones(lengths.shape[:1], jnp.int32))
-    batch['positions'] = positions[:, :-1]
-  return batch
-
-
-def _example_tokens(task: Task, key: jax.Array, lengths: jax.Array, vocab_size: int,
-                    max_input_length: int) -> tuple[jax.Array, jax.Array]:
-  """`BOS x SEP y EOS PAD …` int32 `[B, sequence_length]` and its output
-  tokens (y and EOS), bool, same shape."""
-  b = lengths.shape[0]
-  total = sequence_length(task, max_input_length)
-  x = _sample_inputs(key, b, max_input_length, vocab_size)
-  n = lengths.astype(jnp.int32)[:, None]  # [B, 1]
-  m = task.output_factor * n
-  p = jnp.arange(total, dtype=jnp.int32)[None, :]  # [1, total]
-  x_at = jnp.take_along_axis(x, jnp.clip(p - 1, 0, max_input_length - 1), axis=1)
-  j = jnp.clip(p - n - 2, 0, task.output_factor * max_input_length - 1)
-  y_at = task.rule(x, lengths.astype(jnp.int32), jnp.broadcast_to(j, (b, total)))
-  tokens = jnp.select(
-      [p == 0, p <= n, p == n + 1, p < n + 2 + m, p == n + 2 + m],
-      [BOS, x_at, SEP, y_at, EOS], PAD).astype(jnp.int32)
-  is_output = (p >= n + 2) & (p <= n + 2 + m)
-  return tokens, is_output
-
-
-def make_seq2seq_batch(task: Task, key: jax.Array, lengths: jax.Array, *,
-                       vocab_size: int, max_input_length: int) -> dict[str, jax.Array]:
-  """The same examples as `make_batch` (same key, same x), laid out for an
-  encoder-decoder: N = max_input_length, M = output_factor * N.
-
-  Returns:
-    source: int32 `[B, N]`, x then PAD.
-    source_mask: bool `[B, N]`, True on x.
-    decoder_inputs: int32 `[B, M + 1]`, BOS y_1 … y_m then PAD (teacher forcing).
-    targets: int32 `[B, M + 1]`, y_1 … y_m EOS then PAD.
-    loss_mask: bool `[B, M + 1]`, True on y and EOS.
-    lengths: `[B]`.
-  """
-  b = lengths.shape[0]
-  x = _sample_inputs(key, b, max_input_length, vocab_size)
-  n = lengths.astype(jnp.int32)[:, None]
-  m = task.output_factor * n
-  source_mask = jnp.arange(max_input_length)[None, :] < n
-  out_len = task.output_factor * max_input_length + 1
-  j = jnp.broadcast_to(jnp.arange(out_len, dtype=jnp.int32)[None, :], (b, out_len))
-  y = task.rule(x, lengths.astype(jnp.int32), jnp.minimum(j, out_len - 2))
-  targets = jnp.select([j < m, j == m], [y, EOS], PAD).astype(jnp.int32)
-  decoder_inputs = jnp.concatenate(
-      [jnp.full((b, 1), BOS, jnp.int32), jnp.where(j < m, y, PAD)[:, :-1]], axis=1)
-  return dict(source=jnp.where(source_mask, x, PAD), source_mask=source_mask,
-              decoder_inputs=decoder_inputs, targets=targets, loss_mask=j <= m,
-              lengths=lengths)
-
-
-LAYOUTS = {'decoder_only': make_batch, 'seq2seq': make_seq2seq_batch}
-
-
-def sample_lengths(key: jax.Array, batch_size: int, min_length: int,
-                   max_length: int) -> jax.Array:
-  """Input lengths uniform in [min_length, max_length], int32 `[batch_size]`."""
-  return jax.random.randint(key, (batch_size,), min_length, max_length + 1, jnp.int32)
-
-
-def with_random_positions(batch: dict[str, jax.Array], key: jax.Array,
-                          max_position: int, draw: str = 'per_example',
-                          ) -> dict[str, jax.Array]:
-  """Adds `positions` `[B, T]`: sorted random positions from [0, max_position)
-  (Ruoss et al. 2023) for the model to read instead of 0 … T-1, one sample
-  per example or, `draw='per_batch'` (the official code), one shared by the
-  batch (`positional.random_positions`)."""
-  b, t = batch['inputs'].shape
-  return dict(batch, positions=random_positions(key, b, t, max_position, draw))
-
-
-def train_batch(task: Task, seed: int, step: jax.Array, *, batch_size: int,
-                min_length: int, max_length: int, vocab_size: int,
-                layout: str = 'decoder_only', max_position: int = 0,
-                draw: str = 'per_example') -> dict[str, jax.Array]:
-  """The training batch of `step` for `seed`: the same on every run. With
-  `max_position` > 0 (decoder-only layout), randomized positions too, drawn
-  per example or per batch (`draw`, see `with_random_positions`). With
-  `task.pack` > 1 or `task.coupled_max_position`, `_packed_batch`'s layout
-  (packed examples, coupled positions with a random offset each)."""
-  key = jax.random.fold_in(jax.random.key(seed), step)
-  length_key, token_key = jax.random.split(key)
-  if task.pack > 1 or task.coupled_max_position:
-    if layout != 'decoder_only':
-      raise ValueError(f'task.pack={task.pack} / coupled positions need the decoder_only '
-                       f'layout, not {layout!r}.')
-    # Another stream (new options): plain batches keep theirs.
-    batch = _packed_batch(task, key, batch_size=batch_size, min_length=min_length,
-                          max_length=max_length, vocab_size=vocab_size)
-  else:
-    lengths = task.sample_lengths(length_key, batch_size, min_length, max_length)
-    batch = LAYOUTS[layout](task, token_key, lengths, vocab_size=vocab_size,
-                            max_input_length=max_length)
-  if max_position:
-    # A third stream: adding it leaves the tokens of every (seed, step) as they were.
-    batch = with_random_positions(batch, jax.random.fold_in(key, 2), max_position, draw)
-  if task.abacus_max_k:
-    # Abacus (McLeish et al. 2024): one k per batch, as the official module draws it.
-    batch = dict(batch, abacus_offset=sample_offset(jax.random.fold_in(key, 4),
-                                                    task.abacus_max_k, batch_size))
-  return batch
-
-
-def _packed_batch(task: Task, key: jax.Array, *, batch_size: int, min_length: int,
-                  max_length: int, vocab_size: int) -> dict[str, jax.Array]:
-  """`task.pack` examples per sequence (`packing.concatenate`), each with its
-  own length and, with coupling, its own random offset. Returns `inputs`,
-  `targets`, `loss_mask` `[B, T]` with T = pack · sequence_length − 1,
-  `lengths` `[B, pack]` (`[B]` when pack = 1), and `positions` when coupled
-  (contiguous 0 … T−1 otherwise: the model's default)."""
-  k = task.pack
-  keys = jax.random.split(jax.random.fold_in(key, 3), 3 * k).reshape(k, 3)
-  lengths = jnp.stack([task.sample_lengths(keys[e, 0], batch_size, min_length, max_length)
-                       for e in range(k)])  # [K, B] (or [K, B, 2]: one per operand)
-  examples = [task.example(keys[e, 1], lengths[e], vocab_size, max_length)
-              for e in range(k)]
-  tokens = jnp.stack([t for t, _ in examples])  # [K, B, L]
-  real = jnp.sum(tokens != PAD, axis=-1)  # tokens of each example (no PAD inside one)
-  packed = packing.concatenate(tokens, real, PAD)
-  is_output = packing.concatenate(jnp.stack([o for _, o in examples]), real, False)
-  batch = dict(inputs=packed[:, :-1], targets=packed[:, 1:], loss_mask=is_output[:, 1:],
-               lengths=jnp.moveaxis(lengths, 0, 1) if k > 1 else lengths[0])
-  if task.coupled_max_position:
-    positions = jnp.stack([
-        task.coupled_positions(
-            tokens[e], lengths[e],
-            task.random_offsets(keys[e, 2], lengths[e], task.coupled_max_position))
-        for e in range(k)])
-    batch['positions'] = packing.concatenate(positions, real, 0)[:, :-1]
-  return batch

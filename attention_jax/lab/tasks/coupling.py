@@ -12,7 +12,7 @@ offset s:
                       s + n + 1 when it reads backwards (reverse)
     BOS, EOS, PAD  -> 0
 
-`src` is derived from the task's own rule (applied to the index array
+`src` is derived from the task's own rule (`copy.py`) (applied to the index array
 0 … N−1 instead of symbols), so the ids always agree with the rule. What the
 ids are for is the *query*: the token that predicts y_{k+1} (SEP for y_1,
 y_k after it) sits one step before x_src(k+1) in reading order (−1 forwards,
@@ -42,39 +42,18 @@ is trained; evaluation uses s = 1 (their non-randomized start).
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+
+from attention_jax.positional.coupling import coupled_position_ids
 
 
-def reads_forward(task) -> bool:
-  """Whether `task.rule`'s first output copies x_1 (copy, duplicate) rather
-  than x_n (reverse), decided on a two-symbol example at trace time."""
-  with jax.ensure_compile_time_eval():
-    src = task.rule(jnp.arange(2, dtype=jnp.int32)[None], jnp.array([2], jnp.int32),
-                    jnp.zeros((1, 1), jnp.int32))
-    return int(np.asarray(src)[0, 0]) == 0
-
-
-def coupled_positions(task, lengths: jax.Array, total: int, offset: jax.Array) -> jax.Array:
+def coupled_positions(spec, lengths: jax.Array, total: int, offset: jax.Array) -> jax.Array:
   """int32 `[B, total]` coupled position ids for examples of input lengths
-  `lengths` `[B]` laid out as `tasks.make_batch` lays them out (the full token
-  sequence, before the input/target shift), with per-example `offset` `[B]`."""
-  n = lengths.astype(jnp.int32)[:, None]
-  m = task.output_factor * n
-  max_n = (total - 3) // (1 + task.output_factor)
-  b = lengths.shape[0]
-  p = jnp.arange(total, dtype=jnp.int32)[None, :]
-  index = jnp.broadcast_to(jnp.arange(max_n, dtype=jnp.int32)[None], (b, max_n))
-  last = task.output_factor * max_n - 1
-  src = lambda j: task.rule(index, lengths.astype(jnp.int32),
-                            jnp.broadcast_to(jnp.clip(j, 0, last), (b, total)))
-  step = 1 if reads_forward(task) else -1  # reading order along x
-  # The query rule: slot p's token (SEP, then y_1 …) predicts output q; it
-  # sits one step before the 1-based slot of the input q reads. The last
-  # output predicts EOS and keeps its own source's slot.
-  q = p - n - 1
-  slot = jnp.select([p == 0, p <= n, p < n + 1 + m, p == n + 1 + m],
-                    [-1, p, src(q) + 1 - step, src(q - 1) + 1], -1)
-  return jnp.where(slot >= 0, offset.astype(jnp.int32)[:, None] + slot, 0).astype(jnp.int32)
+  `lengths` `[B]` of a copying task (`copy.CopyingTask`) laid out as
+  `tasks.make_batch` lays them out (the full token sequence, before the
+  input/target shift), with per-example `offset` `[B]`: the library's
+  `positional.coupled_position_ids` on the task's rule."""
+  return coupled_position_ids(spec.rule, lengths, total, offset,
+                              output_factor=spec.output_factor)
 
 
 def random_offsets(key: jax.Array, lengths: jax.Array, max_position: int) -> jax.Array:

@@ -39,7 +39,7 @@ def train_step(graphdef: nnx.GraphDef, state: nnx.State,
 
 
 @functools.lru_cache(maxsize=4)  # a few: see evaluate/lengths.py's evaluation_program
-def step_function(*, graphdef: nnx.GraphDef, task: tasks.Task, batch_size: int,
+def step_function(*, graphdef: nnx.GraphDef, task: tasks.DecoderTask, batch_size: int,
                   min_length: int, max_length: int, vocab_size: int, layout: str,
                   data_sharding: Optional[jax.sharding.Sharding] = None,
                   max_position: int = 0, draw: str = 'per_example',

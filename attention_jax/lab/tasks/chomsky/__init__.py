@@ -1,5 +1,5 @@
 """DeepMind's 15 length-generalization tasks (Delétang et al. 2023; Ruoss et
-al. 2023), made on device from `(key, length)` (`spec.ChomskyTask`):
+al. 2023), made on device from `(key, length)`, tasks of the one kind (`lab.tasks.spec.TaskSpec`):
 
   regular            even_pairs, modular_arithmetic, parity_check, cycle_navigation
   context_free       stack_manipulation, reverse_string,

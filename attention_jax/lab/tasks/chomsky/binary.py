@@ -34,7 +34,7 @@ Their docstrings and code disagree; this follows the code:
 import jax
 import jax.numpy as jnp
 
-from attention_jax.lab.tasks.chomsky.spec import ChomskyTask
+from attention_jax.lab.tasks.spec import TaskSpec
 
 OPERATOR = 2  # '+' / '*' in the input
 TERMINATOR = 2  # end of the result in the output
@@ -211,7 +211,7 @@ def _task(name, label, sample, output_length, terminated, input_size=3, output_s
   def generate(key, n, batch_size, max_length):
     x = sample(key, n, batch_size, max_length)
     return x, label(x, n)
-  return ChomskyTask(name, 'context_sensitive', input_size, output_size, generate,
+  return TaskSpec(name, 'context_sensitive', input_size, output_size, generate,
                      output_length=output_length, terminated=terminated)
 
 

@@ -28,7 +28,7 @@ constants.py` (modulus 5; brackets with `mult=True`; solve_equation's
 import jax
 import jax.numpy as jnp
 
-from attention_jax.lab.tasks.chomsky.spec import ChomskyTask
+from attention_jax.lab.tasks.spec import TaskSpec
 
 MODULUS = 5
 # Abstract tokens of the grammar (mapped to each task's ids by `*_IDS`).
@@ -216,11 +216,11 @@ def _generate_arithmetic(key, n, batch_size, max_length):
 
 
 TASKS = {
-    'modular_arithmetic': ChomskyTask('modular_arithmetic', 'regular', 9, MODULUS,
+    'modular_arithmetic': TaskSpec('modular_arithmetic', 'regular', 9, MODULUS,
                                       _generate_arithmetic,
                                       input_length=modular_arithmetic_length),
-    'modular_arithmetic_brackets': ChomskyTask('modular_arithmetic_brackets', 'context_free',
+    'modular_arithmetic_brackets': TaskSpec('modular_arithmetic_brackets', 'context_free',
                                                MODULUS + 6, MODULUS, generate_brackets),
-    'solve_equation': ChomskyTask('solve_equation', 'context_free', MODULUS + 6, MODULUS,
+    'solve_equation': TaskSpec('solve_equation', 'context_free', MODULUS + 6, MODULUS,
                                   generate_equation),
 }

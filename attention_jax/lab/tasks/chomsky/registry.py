@@ -5,8 +5,8 @@ from attention_jax.lab.tasks.chomsky import binary
 from attention_jax.lab.tasks.chomsky import expressions
 from attention_jax.lab.tasks.chomsky import regular
 from attention_jax.lab.tasks.chomsky import strings
-from attention_jax.lab.tasks.chomsky.spec import LEVELS
-from attention_jax.lab.tasks.chomsky.spec import ChomskyTask
+from attention_jax.lab.tasks.spec import LEVELS
+from attention_jax.lab.tasks.spec import TaskSpec
 
 # In the papers' order: by level, then as their tables list them.
 _ORDER = ('even_pairs', 'modular_arithmetic', 'parity_check', 'cycle_navigation',
@@ -17,11 +17,11 @@ _ALL = {**regular.TASKS, **strings.TASKS, **binary.TASKS, **expressions.TASKS}
 TASKS = {name: _ALL[name] for name in _ORDER}
 
 
-def get_task(name: str) -> ChomskyTask:
+def get_task(name: str) -> TaskSpec:
   """The task registered as `name`; a ValueError lists the known ones."""
   if name not in TASKS:
     raise ValueError(f'unknown task {name!r}; choose one of {list(TASKS)}.')
   return TASKS[name]
 
 
-__all__ = ['ChomskyTask', 'LEVELS', 'TASKS', 'get_task']
+__all__ = ['TaskSpec', 'LEVELS', 'TASKS', 'get_task']

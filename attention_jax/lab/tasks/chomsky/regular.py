@@ -14,7 +14,7 @@ Each `label_*` is the official rule on an input `x` int32 `[B, N]` with
 import jax
 import jax.numpy as jnp
 
-from attention_jax.lab.tasks.chomsky.spec import ChomskyTask
+from attention_jax.lab.tasks.spec import TaskSpec
 
 CYCLE_LENGTH = 5  # their `_cycle_length`
 
@@ -52,7 +52,7 @@ def _uniform_task(name, vocab, output_size, label):
   def generate(key, n, batch_size, max_length):
     x = uniform_symbols(key, n, batch_size, max_length, vocab)
     return x, label(x, n)
-  return ChomskyTask(name, 'regular', vocab, output_size, generate)
+  return TaskSpec(name, 'regular', vocab, output_size, generate)
 
 
 TASKS = {

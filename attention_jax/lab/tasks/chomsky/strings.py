@@ -22,9 +22,9 @@ import jax.numpy as jnp
 
 from attention_jax.lab.tasks.chomsky.regular import real
 from attention_jax.lab.tasks.chomsky.regular import uniform_symbols
-from attention_jax.lab.tasks.chomsky.spec import ChomskyTask
-from attention_jax.lab.tasks.chomsky.spec import one_output
-from attention_jax.lab.tasks.chomsky.spec import same_length
+from attention_jax.lab.tasks.spec import TaskSpec
+from attention_jax.lab.tasks.spec import one_output
+from attention_jax.lab.tasks.spec import same_length
 
 POP, PUSH_0, PUSH_1 = 2, 3, 4  # stack_manipulation's actions
 TERMINATOR = 2  # stack_manipulation's end-of-stack class (their output_size - 1)
@@ -138,7 +138,7 @@ def _task(name, level, vocab, output_size, label, output_length, sample=None,
     else:
       x = sample(key, n, batch_size, max_length)
     return x, label(x, n)
-  return ChomskyTask(name, level, vocab, output_size, generate, output_length=output_length,
+  return TaskSpec(name, level, vocab, output_size, generate, output_length=output_length,
                      terminated=terminated)
 
 
