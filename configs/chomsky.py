@@ -9,7 +9,7 @@ The default, `scale=cpu`, runs the whole suite on a 2-core CPU: 15 tasks × 9
 encodings (none, sinusoidal, relative, alibi, rope and the randomized
 versions of the last four) × 3 seeds, reduced as docs/chomsky.md explains
 (2 layers of width 32 instead of 5 of 64, training lengths 1–10 instead of
-1–40, test lengths 11–40 instead of 41–500, 400 steps of batch 16, 64 test
+1–40, test lengths 11–40 instead of 41–500, 1,000 steps of batch 16, 64 test
 samples per length, one learning rate). It
 writes per-setting records under `settings/`, results.csv, summary.md (a
 table per task and the published numbers beside ours) and chomsky.png (tasks
@@ -113,8 +113,8 @@ def _cpu(c):
   c.model.num_layers = 2
   c.model.d_model = 32
   c.model.num_heads = 4
-  c.train.steps = 400
-  c.train.log_every = 200
+  c.train.steps = 1_000
+  c.train.log_every = 500
   c.train.batch_size = 16
   c.train.max_length = 10
   c.eval.min_length = 11

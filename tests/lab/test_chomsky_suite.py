@@ -14,6 +14,8 @@ import pytest
 from absl.testing import absltest
 
 from attention_jax.lab.chomsky import layout
+from attention_jax.lab.chomsky import published
+from attention_jax.lab.chomsky import report
 from attention_jax.lab.chomsky import suite
 from attention_jax.lab.chomsky import trainer
 from attention_jax.lab.tasks.chomsky import registry
@@ -61,6 +63,9 @@ class SuiteRunTest(chex.TestCase):
     summary = open(os.path.join(self.workdir, 'summary.md')).read()
     for name in TASKS + ENCODINGS:
       self.assertIn(name, summary)
+    # DAPE's Table 2 beside ours: parity_check × randomized relative is 50.09 there.
+    self.assertIn('## Beside the published numbers', summary)
+    self.assertIn('/ 50.09', summary)
     rows = open(os.path.join(self.workdir, 'results.csv')).read().splitlines()
     self.assertLen(rows, 1 + len(TASKS) * len(ENCODINGS) * 2)
 
@@ -125,6 +130,26 @@ class ConfigTest(chex.TestCase):
     levels = [t.level for t in registry.TASKS.values()]
     self.assertEqual(levels, sorted(levels, key=('regular', 'context_free',
                                                  'context_sensitive').index))
+
+
+class ReportTest(chex.TestCase):
+
+  def test_randomized_gains_per_encoding(self):
+    score = lambda best, mean: dict(score_official=dict(max=best, mean=mean))
+    combined = {('a', 'rope'): score(0.5, 0.4), ('a', 'rope:randomized'): score(0.7, 0.5),
+                ('b', 'rope'): score(0.6, 0.6), ('b', 'rope:randomized'): score(0.5, 0.5),
+                ('a', 'alibi'): score(0.5, 0.5)}  # no randomized alibi: no row
+    lines = report.randomized_gains(combined, ['a', 'b'], ['rope', 'alibi', 'rope:randomized'])
+    self.assertEqual(lines[-1], '| rope | +5.0 | +0.0 | 1 of 2 |')
+    self.assertFalse(any(line.startswith('| alibi') for line in lines))
+
+  def test_published_cells_are_dape_table_2(self):
+    self.assertEqual(published.dape_2024('even_pairs', 'rope:randomized'), 99.98)
+    self.assertEqual(published.dape_2024('bucket_sort', 'fire:randomized'), 99.57)
+    self.assertIsNone(published.dape_2024('binary_multiplication', 'rope:randomized'))
+    self.assertIsNone(published.dape_2024('even_pairs', 'rope'))  # their table: randomized only
+    self.assertEqual(set(published._DAPE_2024_ROWS) | {'binary_multiplication'},
+                     set(registry.TASKS))
 
 
 class PaperPresetTest(chex.TestCase):

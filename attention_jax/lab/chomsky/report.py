@@ -96,6 +96,8 @@ def summary(combined, task_names, encodings, config) -> str:
                    f'{_pct(s["score_official"]["max"])} ({_pct(s["score_official"]["mean"])}'
                    f' ± {_pct(s["score_official"]["std"])})')
     lines.append(f'| {_level(name)} | {name} | ' + ' | '.join(cells) + ' |')
+  lines += randomized_gains(combined, task_names, encodings)
+  lines += beside_published(combined, task_names, encodings)
   lines += ['', '## Per task', '',
             f'`official`: lengths {t.max_length + 2}–{e.max_length} (their average); '
             f'`plain`: {t.max_length + 1}–{e.max_length}; `train`: accuracy on the training '
@@ -119,6 +121,49 @@ def summary(combined, task_names, encodings, config) -> str:
   lines += [f'Published values: {published.DAPE_2024_SOURCE}. Not transcribed: '
             f'{published.RUOSS_2023_SOURCE}.', '']
   return '\n'.join(lines)
+
+
+def randomized_gains(combined, task_names, encodings) -> list[str]:
+  """summary.md's lines on each encoding run both plain and ':randomized':
+  the mean over tasks of randomized minus plain (official score, best run
+  and seed mean, points) and on how many tasks randomized is ahead."""
+  pairs = [(e, f'{e}:randomized') for e in encodings if f'{e}:randomized' in encodings]
+  rows = []
+  for plain, rand in pairs:
+    both = [n for n in task_names if (n, plain) in combined and (n, rand) in combined]
+    if not both:
+      continue
+    gain = {k: [100 * (combined[(n, rand)]['score_official'][k]
+                       - combined[(n, plain)]['score_official'][k]) for n in both]
+            for k in ('max', 'mean')}
+    rows.append(f'| {plain} | {np.mean(gain["max"]):+.1f} | {np.mean(gain["mean"]):+.1f} | '
+                f'{sum(g > 0 for g in gain["max"])} of {len(both)} |')
+  if not rows:
+    return []
+  return ['', '## Randomized against plain', '',
+          'Randomized minus plain, official score in points, mean over tasks: of the best '
+          'runs, of the seed means; and the tasks where the randomized best run is ahead.', '',
+          '| encoding | best run | seed mean | randomized ahead |', '|---|---|---|---|', *rows]
+
+
+def beside_published(combined, task_names, encodings) -> list[str]:
+  """summary.md's table of ours (best run, official score) beside DAPE's
+  Table 2 for the encodings it reports (`published.DAPE_2024_COLUMNS`)."""
+  shown = [e for e in encodings if e in published.DAPE_2024_COLUMNS]
+  if not shown:
+    return []
+  lines = ['', '## Beside the published numbers', '',
+           f'Ours (best run, official score) / published: {published.DAPE_2024_SOURCE}.', '',
+           '| task | ' + ' | '.join(f'{e}: ours / DAPE' for e in shown) + ' |',
+           '|---|' + '---|' * len(shown)]
+  for name in task_names:
+    cells = []
+    for enc in shown:
+      s, pub = combined.get((name, enc)), published.dape_2024(name, enc)
+      cells.append(f'{"–" if s is None else _pct(s["score_official"]["max"])} / '
+                   f'{"–" if pub is None else f"{pub:.2f}"}')
+    lines.append(f'| {name} | ' + ' | '.join(cells) + ' |')
+  return lines
 
 
 def figure(combined, task_names, encodings, path: str, title: str = '') -> None:
