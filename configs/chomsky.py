@@ -14,9 +14,11 @@ samples per length, one learning rate). It
 writes per-setting records under `settings/`, results.csv, summary.md (a
 table per task and the published numbers beside ours) and chomsky.png (tasks
 × encodings grouped by Chomsky level). Expected (docs/chomsky.md has the
-measured run: 23 min 29 s): most settings near chance on the test lengths
-at this scale, the randomized versions ahead of the plain ones by a few
-points on average, most on bucket_sort (75–86% against 19–69%).
+measured run: 17 min 37 s on 2 cores, alone): the randomized versions ahead
+of the plain ones by 3.5–5.9 points on average, most on bucket_sort (81–86%
+against 19–67%) and even_pairs (randomized relative and RoPE 81–87%); the
+regular tasks but even_pairs, and most others, near chance past the
+training lengths at this scale.
 Re-running the command skips finished settings.
 
 Presets by `:arg`, comma-separated `key=value`:
