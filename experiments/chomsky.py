@@ -1,6 +1,6 @@
 r"""DeepMind's length-generalization benchmark (15 tasks, the encoder
 protocol of Delétang et al. 2023 and Ruoss et al. 2023) over encodings and
-seeds.
+seeds; any task of `attention_jax.lab.tasks.SPECS` runs under it.
 
   python -m experiments.chomsky --config=configs/chomsky.py --workdir=runs/chomsky
 
