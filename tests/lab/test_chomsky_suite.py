@@ -18,6 +18,7 @@ from attention_jax.lab.chomsky import published
 from attention_jax.lab.chomsky import report
 from attention_jax.lab.chomsky import suite
 from attention_jax.lab.chomsky import trainer
+from attention_jax.lab import tasks as lab_tasks
 from attention_jax.lab.tasks.chomsky import registry
 from attention_jax.lab.validate import ConfigError
 from configs import chomsky as chomsky_config
@@ -165,7 +166,7 @@ class PaperPresetTest(chex.TestCase):
                       c.eval.max_length, c.eval.samples), (128, 1, 40, 500, 512))
     suite.validate(c)
     c.train.steps, c.train.chunk = 2, 2
-    task = registry.get_task('duplicate_string')  # the longest layout: 3 × 500 slots
+    task = lab_tasks.get_spec('duplicate_string')  # the longest layout: 3 × 500 slots
     programs = trainer.Programs.for_tasks(c, list(registry.TASKS.values()))
     graphdef, (params,), rest, log = trainer.train(programs, [task], 'relative:randomized',
                                                    [0], 3e-4, progress=lambda _: None)

@@ -14,6 +14,7 @@ import numpy as np
 from absl.testing import absltest
 from absl.testing import parameterized
 
+from attention_jax.lab import tasks as lab_tasks
 from attention_jax.lab.tasks.chomsky import registry
 from attention_jax.lab.tasks.chomsky.expressions import evaluate_arithmetic
 
@@ -163,7 +164,7 @@ _COMPILED = {}
 
 
 def _generate(name, n, batch=BATCH, max_length=13, seed=0):
-  task = registry.get_task(name)
+  task = lab_tasks.get_spec(name)
   if (name, batch, max_length) not in _COMPILED:  # one compile per shape: n is traced
     _COMPILED[name, batch, max_length] = jax.jit(
         lambda k, m: task.generate(k, m, batch, max_length))
@@ -207,7 +208,7 @@ class OutputsTest(chex.TestCase, parameterized.TestCase):
       self.assertEqual(int(evaluate_arithmetic(ids)), value, text)
 
   def test_modular_arithmetic_makes_even_lengths_odd(self):
-    task = registry.get_task('modular_arithmetic')
+    task = lab_tasks.get_spec('modular_arithmetic')
     self.assertEqual([task.input_length(n) for n in (1, 2, 3, 4, 40)], [1, 1, 3, 3, 39])
 
   def test_odds_first_follows_the_code_not_the_docstring(self):
@@ -323,7 +324,7 @@ class DecoderLayoutTest(chex.TestCase):
     from attention_jax.lab import tasks  # pylint: disable=g-import-not-at-top
     for name in ('parity_check', 'binary_addition', 'modular_arithmetic'):
       task = tasks.get_task(name)
-      spec = registry.get_task(name)
+      spec = lab_tasks.get_spec(name)
       lengths = jnp.array([1, 4, 6], jnp.int32)
       tokens, is_output = jax.jit(task.example, static_argnums=(2, 3))(
           jax.random.key(0), lengths, 0, 6)

@@ -12,5 +12,6 @@ constants.py` (its docstring names the files and the places where their
 docstrings and code disagree); the tests compare each with a NumPy
 transcription of theirs.
 
-The registry: `registry.TASKS`, `registry.get_task`.
+The registry: `registry.TASKS`, in the papers' order; by name with the
+others: `lab.tasks.get_spec`.
 """

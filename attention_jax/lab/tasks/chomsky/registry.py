@@ -1,4 +1,5 @@
-"""The 15 tasks by name, in the papers' order (`TASKS`), and `get_task`."""
+"""The 15 tasks by name, in the papers' order (`TASKS`); every task of the
+lab, these among them, is in `lab.tasks.SPECS` (`lab.tasks.get_spec`)."""
 
 
 from attention_jax.lab.tasks.chomsky import binary
@@ -17,11 +18,4 @@ _ALL = {**regular.TASKS, **strings.TASKS, **binary.TASKS, **expressions.TASKS}
 TASKS = {name: _ALL[name] for name in _ORDER}
 
 
-def get_task(name: str) -> TaskSpec:
-  """The task registered as `name`; a ValueError lists the known ones."""
-  if name not in TASKS:
-    raise ValueError(f'unknown task {name!r}; choose one of {list(TASKS)}.')
-  return TASKS[name]
-
-
-__all__ = ['TaskSpec', 'LEVELS', 'TASKS', 'get_task']
+__all__ = ['TaskSpec', 'LEVELS', 'TASKS']
