@@ -118,7 +118,7 @@ def summary(combined, task_names, encodings, config) -> str:
                    f'{_pct(p["max"])} | {_pct(p["mean"])} ± {_pct(p["std"])} | '
                    f'{_pct(s["train_accuracy"])} | {"–" if pub is None else f"{pub:.2f}"} |')
     lines.append('')
-  lines += [f'Published values: {published.DAPE_2024_SOURCE}. Not transcribed: '
+  lines += [f'Published values: {published.DAPE_2024_SOURCE}. '
             f'{published.RUOSS_2023_SOURCE}.', '']
   return '\n'.join(lines)
 
