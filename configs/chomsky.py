@@ -56,6 +56,10 @@ def _parse(arg):
       raise ValueError(f'invalid config: preset argument {part!r}; use comma-separated '
                        f'key=value with key one of {sorted(options)}.')
     options[key] = value
+  for key in ('tasks', 'encodings'):
+    if options[key] is not None and not options[key]:
+      raise ValueError(f'invalid config: preset argument {key}= is empty; name at least one '
+                       f'(A+B), or leave {key} out for the default.')
   if options['scale'] not in SCALES:
     raise ValueError(f'invalid config: scale={options["scale"]!r}; choose one of '
                      f'{sorted(SCALES)}.')

@@ -26,7 +26,8 @@ One model: `python -m experiments.train --config=configs/copy.py:encoding=rope
                   (attention_jax.ENCODINGS) or a variant (VARIANTS below),
                   PART one of randomized, coupled, stick_breaking
                   (attention_jax/lab/entries.py)
-  task=NAME       copy | reverse | duplicate
+  task=NAME       copy | reverse | duplicate, or any task of
+                  attention_jax.lab.tasks.TASKS (DeepMind's 15, addition)
   scale=NAME      the model and its training: cpu (default) | paper (Delétang
                   et al. 2022 / Ruoss et al. 2023: 5 layers, 8 heads, batch
                   128, train lengths 1–40, evaluation to 500, 10 seeds; for
@@ -124,7 +125,7 @@ def get_config(arg=None):
   c = ml_collections.ConfigDict()
 
   c.task = ml_collections.ConfigDict()
-  c.task.name = tasks[0]  # copy | reverse | duplicate
+  c.task.name = tasks[0]  # copy | reverse | duplicate, or any of attention_jax.lab.tasks.TASKS
   c.task.vocab_size = 16  # symbols in x (special tokens BOS/SEP/EOS/PAD come on top)
   c.task.train_min_length = 1  # shortest training input, inclusive
   c.task.train_max_length = 8  # longest training input, inclusive ("L_train")

@@ -83,6 +83,7 @@ class SuiteRunTest(chex.TestCase):
     records = suite.run_suite(tiny(), self.workdir, progress=lines.append)
     self.assertTrue(os.path.exists(path + '.damaged'))
     self.assertTrue(any(path in line and 'damaged' in line for line in lines))
+    self.assertIn(f'5 of 6 settings already recorded in {self.workdir}', lines[1])
     ran = [line for line in lines if line.startswith('[group')]
     self.assertLen(ran, 1)  # only the damaged one
     self.assertIn('alibi (lr 0.001) × parity_check;', ran[0])
@@ -110,6 +111,17 @@ class ConfigTest(chex.TestCase):
   def test_randomized_only_where_their_code_defines_it(self):
     with self.assertRaisesRegex(ConfigError, "'kerple:randomized'.*alibi"):
       suite.validate(tiny(encodings=('kerple:randomized',)))
+
+  def test_coupled_duplicates_and_empty_lists_refused(self):
+    with self.assertRaisesRegex(ConfigError, "'rope:coupled': the encoder protocol takes NAME "
+                                'or NAME:randomized'):
+      suite.validate(tiny(encodings=('rope:coupled',)))
+    with self.assertRaisesRegex(ConfigError, r"tasks names \['copy'\] more than once"):
+      suite.validate(tiny(tasks=('copy', 'copy')))
+    with self.assertRaisesRegex(ConfigError, r"encodings names \['rope'\] more than once"):
+      suite.validate(tiny(encodings=('rope', 'rope')))
+    with self.assertRaisesRegex(ValueError, 'preset argument tasks= is empty'):
+      chomsky_config.get_config('scale=tiny,tasks=')
 
   def test_eval_range_must_reach_past_the_first_test_length(self):
     with self.assertRaisesRegex(ConfigError, 'eval.max_length=5 must be >= '):

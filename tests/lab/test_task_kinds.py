@@ -90,6 +90,24 @@ class TaskKindsTest(chex.TestCase, parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, r'output_length must be Times\(output_factor\)'):
       copy.CopyingTask('bad', 'regular', 4, 4, output_length=copy.Times(1), output_factor=2)
 
+  def test_a_registered_task_is_served_by_both_protocols(self):
+    def last_symbol(key, n, b, big):
+      x = jax.random.randint(key, (b, big), 0, 3)
+      x = jnp.where(jnp.arange(big)[None] < n, x, 0)
+      return x, jnp.take_along_axis(x, jnp.full((b, 1), n - 1), axis=1)
+    spec = tasks.TaskSpec('last_symbol_test', 'regular', 3, 3, last_symbol)
+    tasks.register_task(spec)
+    self.addCleanup(tasks.TASKS.pop, spec.name)
+    self.addCleanup(tasks.SPECS.pop, spec.name)
+    self.assertIs(tasks.get_spec('last_symbol_test'), spec)
+    self.assertIs(tasks.get_task('last_symbol_test').spec, spec)
+    tokens, _ = tasks.get_task('last_symbol_test').example(jax.random.key(0), jnp.array([3]), 3, 4)
+    self.assertEqual(int(tokens[0, 5]), tasks.NUM_SPECIAL + 3 + int(tokens[0, 3]) - tasks.NUM_SPECIAL)
+    with self.assertRaisesRegex(ValueError, "'last_symbol_test' is registered already"):
+      tasks.register_task(spec)
+    with self.assertRaisesRegex(ValueError, "level='cs'; choose one of"):
+      tasks.register_task(tasks.TaskSpec('other_test', 'cs', 3, 3, last_symbol))
+
   def test_unknown_spec_lists_the_known_ones(self):
     with self.assertRaisesRegex(ValueError, r"unknown task 'copyy'.*'copy'.*'bucket_sort'"):
       tasks.get_spec('copyy')

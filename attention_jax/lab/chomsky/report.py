@@ -80,7 +80,8 @@ def summary(combined, task_names, encodings, config) -> str:
   lines = [
       '# DeepMind length-generalization suite: the encoder protocol', '',
       f'Trained on lengths {t.min_length}–{t.max_length} ({t.steps:,} steps, batch '
-      f'{t.batch_size}, {config.model.num_layers} layers, d_model {config.model.d_model}); '
+      f'{t.batch_size}, {config.model.num_layers} layer{"s" * (config.model.num_layers != 1)}, '
+      f'd_model {config.model.d_model}); '
       f'evaluated on {e.min_length}–{e.max_length}, {e.samples} samples per length; seeds '
       f'{tuple(config.seeds)}, learning rates {tuple(config.learning_rates)}.', '',
       f'**Score** (accuracy %, their average: test lengths {t.max_length + 2}–{e.max_length}, '

@@ -67,6 +67,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
                         f'{list(tasks.SPECS)}.')
   if not config.encodings:
     raise ConfigError('invalid config: encodings is empty.')
+  for field in ('tasks', 'encodings'):
+    names = list(config[field])
+    if len(set(names)) != len(names):
+      twice = sorted({n for n in names if names.count(n) > 1})
+      raise ConfigError(f'invalid config: {field} names {twice} more than once.')
   m_ok = all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
              for v in (m.d_model, m.num_heads, m.mlp_factor, m.noise_max_length))
   if not m_ok or m.d_model % m.num_heads or m.d_model % 2:
@@ -117,6 +122,10 @@ def check_encoding(spec: str, config: ml_collections.ConfigDict) -> None:
     trainer.noise_kind(spec)
   except ValueError as err:
     raise ConfigError(f'invalid config: encodings has {spec!r}: {err}') from None
+  if spec.partition(':')[2] not in ('', 'randomized'):
+    raise ConfigError(f'invalid config: encodings has {spec!r}: the encoder protocol takes '
+                      f"NAME or NAME:randomized (coupled positions are defined for the "
+                      'decoder layout of the copy family and addition).')
   options = dict((config.model.get('encoding_options') or {}).get(name) or {})
   try:
     make_encoding(name, d_model=config.model.d_model, num_heads=config.model.num_heads,
@@ -230,14 +239,16 @@ def run_suite(config: ml_collections.ConfigDict, workdir: str,
   found, begun, done = {}, time.time(), 0
   todo = groups(config)
   total = sum(len(names) for _, _, names in todo)
-  for i, (encoding, lr, names) in enumerate(todo):
-    missing = []
+  for encoding, lr, names in todo:
     for name in names:
       record = load_record(record_path(workdir, name, encoding, lr), progress)
-      if record is None:
-        missing.append(name)
-      else:
+      if record is not None:
         found[(name, encoding, lr)] = record
+  if found:
+    progress(f'{len(found)} of {total} settings already recorded in {workdir}; running the '
+             f'other {total - len(found)}.')
+  for i, (encoding, lr, names) in enumerate(todo):
+    missing = [name for name in names if (name, encoding, lr) not in found]
     if not missing:
       continue
     progress(f'[group {i + 1}/{len(todo)}] {encoding} (lr {lr:g}) × {", ".join(missing)}; '

@@ -25,7 +25,8 @@ embeddings count; () for none), `has_seq2seq`, `ceiling`, and
 
 A new task of the copy family is a rule and one `copy.TASKS` entry; any
 other task is a `TaskSpec` (a generator `(key, length, B, N) -> (x, y)`)
-and one entry in `SPECS`.
+and one entry in `SPECS`. From outside the package: `register_task(spec)`
+in a module of your own, named in `--config.imports`.
 """
 
 from attention_jax.lab.tasks.batches import BOS, EOS, NUM_SPECIAL, PAD, SEP
@@ -65,3 +66,16 @@ def get_spec(name: str) -> TaskSpec:
   if name not in SPECS:
     raise ValueError(f'unknown task {name!r}; choose one of {list(SPECS)}.')
   return SPECS[name]
+
+
+def register_task(spec: TaskSpec) -> None:
+  """Adds `spec` under `spec.name` to `SPECS`, and its decoder-protocol task
+  to `TASKS`, so that every entry point takes the name (call it in a module
+  named in `--config.imports`). A ValueError names a taken name or a level
+  not in `LEVELS`."""
+  if spec.name in TASKS:
+    raise ValueError(f'task {spec.name!r} is registered already; choose another name.')
+  if spec.level not in LEVELS:
+    raise ValueError(f'task {spec.name!r}: level={spec.level!r}; choose one of {LEVELS}.')
+  SPECS[spec.name] = spec
+  TASKS[spec.name] = DecoderTask(spec)
