@@ -39,7 +39,7 @@ def _terminated(key, n, b, big):
 
 PARITY = TaskSpec('parity', 'regular', 2, 2, _parity)
 TERMINATED = TaskSpec('term', 'context_free', 2, 3, _terminated,
-                         output_length=lambda n: n + 1, terminated=True)
+                      output_length=lambda n: n + 1, terminated=True)
 
 
 # --- Their code, transcribed -------------------------------------------------
@@ -101,7 +101,7 @@ class LayoutTest(chex.TestCase):
       j = jnp.arange(big + 1)[None]
       return _bits(key, n, b, big), jnp.broadcast_to(jnp.where(j == 1, 2, 1), (b, big + 1))
     task = TaskSpec('early', 'context_free', 2, 3, early, output_length=lambda n: n + 1,
-                       terminated=True)
+                    terminated=True)
     b = layout.encoder_batch(task, jax.random.key(1), jnp.int32(4), batch_size=2, max_length=4)
     np.testing.assert_array_equal(b['accuracy_mask'][0, 4:9], [1, 1, 0, 0, 0])
     np.testing.assert_array_equal(b['output_mask'][0, 4:9], [1, 1, 1, 1, 1])

@@ -19,11 +19,6 @@ searched).
 RUOSS_2023_SOURCE = ('Ruoss et al. 2023, arXiv 2305.16843, Table 1: not transcribed (the stored '
                      'copies give only the opening of the paper); the abstract: randomized '
                      'encodings raise test accuracy by 12.0% on average over 15 tasks, 6,000 models')
-# The abstract's average gain of the randomized encodings, in accuracy points.
-RUOSS_2023_MEAN_GAIN = 12.0
-# google-deepmind/neural_networks_chomsky_hierarchy issue #7 (2023-12-29, the
-# authors): the reported score is the maximum over 10 seeds.
-SCORE_STATISTIC = 'max over 10 seeds (neural_networks_chomsky_hierarchy issue #7)'
 
 DAPE_2024_SOURCE = ('DAPE (Zheng et al., NeurIPS 2024, arXiv 2405.14722), Table 2: randomized '
                     'encodings, 5 layers × d_model 256, 200k steps, train 1–40, test 41–500 '
@@ -55,13 +50,6 @@ _DAPE_2024_ROWS = {  # accuracy %, in DAPE_2024_COLUMNS' order
     'compute_sqrt': (50.47, 51.11, 51.88, 51.63, 50.63, 51.11, 50.80, 51.64, 51.33, 52.46),
     'bucket_sort': (98.32, 98.92, 98.12, 99.31, 98.45, 99.38, 99.57, 99.38, 98.81, 99.37),
 }
-
-
-def ruoss_2023(task: str, encoding: str):
-  """Ruoss et al. 2023 Table 1's accuracy (%) for `task` × `encoding`: None,
-  not transcribed (module docstring)."""
-  del task, encoding
-  return None
 
 
 def dape_2024(task: str, encoding: str):

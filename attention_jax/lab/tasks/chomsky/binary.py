@@ -212,7 +212,7 @@ def _task(name, label, sample, output_length, terminated, input_size=3, output_s
     x = sample(key, n, batch_size, max_length)
     return x, label(x, n)
   return TaskSpec(name, 'context_sensitive', input_size, output_size, generate,
-                     output_length=output_length, terminated=terminated)
+                  output_length=output_length, terminated=terminated)
 
 
 TASKS = {

@@ -217,10 +217,10 @@ def _generate_arithmetic(key, n, batch_size, max_length):
 
 TASKS = {
     'modular_arithmetic': TaskSpec('modular_arithmetic', 'regular', 9, MODULUS,
-                                      _generate_arithmetic,
-                                      input_length=modular_arithmetic_length),
+                                   _generate_arithmetic,
+                                   input_length=modular_arithmetic_length),
     'modular_arithmetic_brackets': TaskSpec('modular_arithmetic_brackets', 'context_free',
-                                               MODULUS + 6, MODULUS, generate_brackets),
+                                            MODULUS + 6, MODULUS, generate_brackets),
     'solve_equation': TaskSpec('solve_equation', 'context_free', MODULUS + 6, MODULUS,
-                                  generate_equation),
+                               generate_equation),
 }

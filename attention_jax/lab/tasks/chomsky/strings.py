@@ -139,7 +139,7 @@ def _task(name, level, vocab, output_size, label, output_length, sample=None,
       x = sample(key, n, batch_size, max_length)
     return x, label(x, n)
   return TaskSpec(name, level, vocab, output_size, generate, output_length=output_length,
-                     terminated=terminated)
+                  terminated=terminated)
 
 
 TASKS = {
