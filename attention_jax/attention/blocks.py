@@ -5,7 +5,8 @@ All arrays hold G rows, one row per (example, head): q_blk `[G, qc, D]`,
 k_blk / v_blk `[G, kc, D]`, kv_len `[G]` (keys at or past it are padding),
 slopes `[G]` or None (ALiBi), and a difference bias's values qv_blk `[G, qc]`
 and kv_blk `[G, kc]` or None (`q_values[i] - k_values[j]`, forgetting
-attention). Block starts are the blocks' first query and key
+attention), and segment ids qs_blk int32 `[G, qc]` and ks_blk `[G, kc]` or
+None (query i keeps key j only where they are equal). Block starts are the blocks' first query and key
 indices, Python ints or traced scalars. Arithmetic in float32.
 """
 
@@ -16,7 +17,7 @@ from attention_jax.attention.scores import relative_distance
 
 
 def block_scores(q_blk, k_blk, q_start, k_start, kv_len, slopes, qv_blk=None, kv_blk=None,
-                 *, scale, causal, t_k, window, keys_first=False):
+                 qs_blk=None, ks_blk=None, *, scale, causal, t_k, window, keys_first=False):
   """Scores and keep-mask of one block pair.
 
   Returns scores float32 and keep bool, both `[G, qc, kc]`, or `[G, kc, qc]`
@@ -46,6 +47,9 @@ def block_scores(q_blk, k_blk, q_start, k_start, kv_len, slopes, qv_blk=None, kv
     keep = keep & (distance >= 0)[None]
   if window is not None:
     keep = keep & (jnp.abs(distance) < window)[None]
+  if qs_blk is not None:
+    keep = keep & (ks_blk[:, :, None] == qs_blk[:, None, :] if keys_first
+                   else qs_blk[:, :, None] == ks_blk[:, None, :])
   return s, keep
 
 
@@ -61,8 +65,8 @@ def normalise(m, l, acc):
 
 
 def backward_block(q_blk, do_blk, lse_blk, delta_blk, k_blk, v_blk, k_t_blk, q_start,
-                   k_start, kv_len, slopes, qv_blk=None, kv_blk=None, *, scale, causal, t_k,
-                   window):
+                   k_start, kv_len, slopes, qv_blk=None, kv_blk=None, qs_blk=None,
+                   ks_blk=None, *, scale, causal, t_k, window):
   """FlashAttention's gradient contributions of one block pair, recomputing
   its probabilities from the row log-sum-exp.
 
@@ -80,7 +84,7 @@ def backward_block(q_blk, do_blk, lse_blk, delta_blk, k_blk, v_blk, k_t_blk, q_s
   key values.
   """
   s_t, keep = block_scores(q_blk, k_blk, q_start, k_start, kv_len, slopes, qv_blk, kv_blk,
-                           scale=scale, causal=causal, t_k=t_k, window=window,
+                           qs_blk, ks_blk, scale=scale, causal=causal, t_k=t_k, window=window,
                            keys_first=True)
   p_t = jnp.where(keep, jnp.exp(s_t - lse_blk), 0.0)
   dv = jnp.einsum('gkq,gqd->gkd', p_t, do_blk)

@@ -5,7 +5,16 @@ chunk) memory, a program whose size does not grow with T.
 Each function works on G rows (one per example and head): q `[G, Tq', D]`
 padded to a multiple of q_chunk, k / v `[G, Tk', D]` padded to k_chunk,
 kv_len and slopes `[G]`, a difference bias's qv `[G, Tq']` and kv `[G, Tk']`
-or None (see `blocks.py`).
+or None, segment ids qs `[G, Tq']` and ks `[G, Tk']` or None (see
+`blocks.py`).
+
+With segment ids, each query block loops only over the key blocks between
+the first and the last whose range of ids [min, max] meets its own (over
+the G rows): a key block outside that span holds no key of an id the query
+block has. With documents packed in order (ids non-decreasing along the
+row) that is the span of the query block's own documents, so a causal row
+of documents of length L costs about T · L instead of T² / 2. Blocks inside
+the span are masked, not skipped.
 """
 
 import functools
@@ -31,25 +40,49 @@ def _key_block_range(q_start, qc, kc, num_k_blocks, causal, window):
   return first_key // kc, jnp.minimum(num_k_blocks, last_key // kc + 1)
 
 
-def forward_group(q, k, v, kv_len, slopes, qv, kv, *, causal, q_chunk, k_chunk, t_k,
-                  window):
+def _id_ranges(ids, chunk):
+  """Per block of `chunk` columns of ids `[G, T']`: (min, max) over its G
+  rows, `[T' / chunk]` each."""
+  blocks = ids.reshape(ids.shape[0], -1, chunk)
+  return blocks.min((0, 2)), blocks.max((0, 2))
+
+
+def _segment_block_range(first, stop, qs, q_start, q_chunk, k_ranges):
+  """[first, stop) narrowed to the key blocks from the first to the last
+  whose id range meets the query block's (module docstring); unchanged
+  without segment ids."""
+  if qs is None:
+    return first, stop
+  q_ids = jax.lax.dynamic_slice_in_dim(qs, q_start, q_chunk, axis=1)
+  k_lo, k_hi = k_ranges
+  meets = (k_lo <= q_ids.max()) & (k_hi >= q_ids.min())
+  index = jnp.arange(k_lo.shape[0])
+  first = jnp.maximum(first, jnp.min(jnp.where(meets, index, k_lo.shape[0])))
+  stop = jnp.minimum(stop, jnp.max(jnp.where(meets, index, -1)) + 1)
+  return first, jnp.maximum(first, stop)
+
+
+def forward_group(q, k, v, kv_len, slopes, qv, kv, qs, ks, *, causal, q_chunk, k_chunk,
+                  t_k, window):
   """Returns out `[G, Tq', Dv]` float32 and the row log-sum-exp `[G, Tq']`."""
   scale = 1.0 / math.sqrt(q.shape[-1])
   num_k_blocks = k.shape[1] // k_chunk
   g, dv = q.shape[0], v.shape[-1]
   scores = functools.partial(block_scores, scale=scale, causal=causal, t_k=t_k,
                              window=window)
+  k_ranges = None if ks is None else _id_ranges(ks, k_chunk)
 
   def one_q_block(q_start):
     q_blk = jax.lax.dynamic_slice_in_dim(q, q_start, q_chunk, axis=1)
-    qv_blk = _slice(qv, q_start, q_chunk)
+    qv_blk, qs_blk = _slice(qv, q_start, q_chunk), _slice(qs, q_start, q_chunk)
 
     def body(j, carry):
       m, l, acc = carry
       k_blk = jax.lax.dynamic_slice_in_dim(k, j * k_chunk, k_chunk, axis=1)
       v_blk = jax.lax.dynamic_slice_in_dim(v, j * k_chunk, k_chunk, axis=1)
       s, keep = scores(q_blk, k_blk, q_start, j * k_chunk, kv_len, slopes, qv_blk,
-                       _slice(kv, j * k_chunk, k_chunk))
+                       _slice(kv, j * k_chunk, k_chunk), qs_blk,
+                       _slice(ks, j * k_chunk, k_chunk))
       s = jnp.where(keep, s, MASK_VALUE)
       m_new = jnp.maximum(m, s.max(-1))
       p = jnp.where(keep, jnp.exp(s - m_new[..., None]), 0.0)
@@ -62,8 +95,9 @@ def forward_group(q, k, v, kv_len, slopes, qv, kv, *, causal, q_chunk, k_chunk, 
     init = (jnp.full((g, q_chunk), MASK_VALUE, jnp.float32),
             jnp.zeros((g, q_chunk), jnp.float32),
             jnp.zeros((g, q_chunk, dv), jnp.float32))
-    first, stop = _key_block_range(q_start, q_chunk, k_chunk, num_k_blocks, causal,
-                                   window)
+    first, stop = _segment_block_range(
+        *_key_block_range(q_start, q_chunk, k_chunk, num_k_blocks, causal, window),
+        qs, q_start, q_chunk, k_ranges)
     return normalise(*jax.lax.fori_loop(first, stop, body, init))
 
   out, lse = jax.lax.map(one_q_block, jnp.arange(0, q.shape[1], q_chunk))
@@ -77,21 +111,22 @@ def _slice(x, start, size):
   return None if x is None else jax.lax.dynamic_slice_in_dim(x, start, size, axis=1)
 
 
-def backward_group(q, k, v, k_t, kv_len, slopes, qv, kv, delta, lse, dout, *, causal,
-                   q_chunk, k_chunk, t_k, window):
+def backward_group(q, k, v, k_t, kv_len, slopes, qv, kv, qs, ks, delta, lse, dout, *,
+                   causal, q_chunk, k_chunk, t_k, window):
   """dq, dk, dv (float32, shaped as q, k, v) and d qv, d kv (None without a
   difference bias), recomputing each block. k_t is k transposed `[G, D, Tk']`,
   delta = rowsum(dO ∘ O) `[G, Tq']`."""
   num_k_blocks = k.shape[1] // k_chunk
   grads = functools.partial(backward_block, scale=1.0 / math.sqrt(q.shape[-1]),
                             causal=causal, t_k=t_k, window=window)
+  k_ranges = None if ks is None else _id_ranges(ks, k_chunk)
 
   def one_q_block(carry, q_start):
     q_blk = jax.lax.dynamic_slice_in_dim(q, q_start, q_chunk, axis=1)
     do_blk = jax.lax.dynamic_slice_in_dim(dout, q_start, q_chunk, axis=1)
     lse_blk = jax.lax.dynamic_slice_in_dim(lse, q_start, q_chunk, axis=1)[:, None, :]
     delta_blk = jax.lax.dynamic_slice_in_dim(delta, q_start, q_chunk, axis=1)[:, None, :]
-    qv_blk = _slice(qv, q_start, q_chunk)
+    qv_blk, qs_blk = _slice(qv, q_start, q_chunk), _slice(qs, q_start, q_chunk)
 
     def body(j, inner):
       dq_t, dqv, dk, dv, dkv = inner
@@ -99,7 +134,8 @@ def backward_group(q, k, v, k_t, kv_len, slopes, qv, kv, delta, lse, dout, *, ca
       piece = lambda x, axis=1: jax.lax.dynamic_slice_in_dim(x, k_start, k_chunk, axis)
       dq_t_blk, dk_blk, dv_blk, dqv_blk, dkv_blk = grads(
           q_blk, do_blk, lse_blk, delta_blk, piece(k), piece(v), piece(k_t, 2), q_start,
-          k_start, kv_len, slopes, qv_blk, _slice(kv, k_start, k_chunk))
+          k_start, kv_len, slopes, qv_blk, _slice(kv, k_start, k_chunk), qs_blk,
+          _slice(ks, k_start, k_chunk))
       add = lambda acc, blk: jax.lax.dynamic_update_slice_in_dim(
           acc, piece(acc) + blk, k_start, axis=1)
       if qv is None:
@@ -107,8 +143,9 @@ def backward_group(q, k, v, k_t, kv_len, slopes, qv, kv, delta, lse, dout, *, ca
       return (dq_t + dq_t_blk, dqv + dqv_blk, add(dk, dk_blk), add(dv, dv_blk),
               add(dkv, dkv_blk))
 
-    first, stop = _key_block_range(q_start, q_chunk, k_chunk, num_k_blocks, causal,
-                                   window)
+    first, stop = _segment_block_range(
+        *_key_block_range(q_start, q_chunk, k_chunk, num_k_blocks, causal, window),
+        qs, q_start, q_chunk, k_ranges)
     dq_t = jnp.zeros((q.shape[0], q.shape[2], q_chunk), jnp.float32)
     dqv = None if qv is None else jnp.zeros((q.shape[0], q_chunk), jnp.float32)
     dq_t, dqv, dk, dv, dkv = jax.lax.fori_loop(first, stop, body, (dq_t, dqv, *carry))

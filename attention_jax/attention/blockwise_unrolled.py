@@ -11,6 +11,9 @@ program, and a compile time, that grow with T_q / q_chunk, and score blocks
 of q_chunk × (visible keys): so it serves moderate lengths; 'scan' serves
 any length.
 
+Segment ids are masked in each block, not skipped: the slices are static,
+the documents' places are data.
+
 Shapes as in `blockwise_scan.py`: G rows, q `[G, Tq', D]` padded to q_chunk.
 """
 
@@ -41,7 +44,8 @@ def _cols(x, lo, hi):
   return None if x is None else x[:, lo:hi]
 
 
-def forward_group(q, k, v, kv_len, slopes, qv, kv, *, causal, q_chunk, t_k, window):
+def forward_group(q, k, v, kv_len, slopes, qv, kv, qs, ks, *, causal, q_chunk, t_k,
+                  window):
   """Returns out `[G, Tq', Dv]` float32 and the row log-sum-exp `[G, Tq']`."""
   g, dv = q.shape[0], v.shape[-1]
   scores = functools.partial(block_scores, scale=1.0 / math.sqrt(q.shape[-1]),
@@ -54,7 +58,8 @@ def forward_group(q, k, v, kv_len, slopes, qv, kv, *, causal, q_chunk, t_k, wind
       lses.append(jnp.full((g, q_chunk), jnp.inf, jnp.float32))
       continue
     s, keep = scores(q[:, q_start:q_start + q_chunk], k[:, lo:hi], q_start, lo, kv_len,
-                     slopes, _cols(qv, q_start, q_start + q_chunk), _cols(kv, lo, hi))
+                     slopes, _cols(qv, q_start, q_start + q_chunk), _cols(kv, lo, hi),
+                     _cols(qs, q_start, q_start + q_chunk), _cols(ks, lo, hi))
     s = jnp.where(keep, s, MASK_VALUE)
     m = s.max(-1)
     p = jnp.where(keep, jnp.exp(s - m[..., None]), 0.0)
@@ -65,8 +70,8 @@ def forward_group(q, k, v, kv_len, slopes, qv, kv, *, causal, q_chunk, t_k, wind
   return jnp.concatenate(outs, axis=1), jnp.concatenate(lses, axis=1)
 
 
-def backward_group(q, k, v, k_t, kv_len, slopes, qv, kv, delta, lse, dout, *, causal,
-                   q_chunk, t_k, window):
+def backward_group(q, k, v, k_t, kv_len, slopes, qv, kv, qs, ks, delta, lse, dout, *,
+                   causal, q_chunk, t_k, window):
   """dq, dk, dv (float32, shaped as q, k, v) and d qv, d kv (None without a
   difference bias). k_t is k transposed `[G, D, Tk']`, delta = rowsum(dO ∘ O)
   `[G, Tq']`."""
@@ -85,7 +90,8 @@ def backward_group(q, k, v, k_t, kv_len, slopes, qv, kv, delta, lse, dout, *, ca
     dq_t, dk_blk, dv_blk, dqv_blk, dkv_blk = grads(
         q[:, rows], dout[:, rows], lse[:, None, rows], delta[:, None, rows], k[:, lo:hi],
         v[:, lo:hi], k_t[:, :, lo:hi], q_start, lo, kv_len, slopes,
-        _cols(qv, q_start, q_start + q_chunk), _cols(kv, lo, hi))
+        _cols(qv, q_start, q_start + q_chunk), _cols(kv, lo, hi),
+        _cols(qs, q_start, q_start + q_chunk), _cols(ks, lo, hi))
     dqs.append(jnp.swapaxes(dq_t, 1, 2))
     dk = dk.at[:, lo:hi].add(dk_blk)
     dv = dv.at[:, lo:hi].add(dv_blk)

@@ -19,7 +19,10 @@ class Kernel:
 
   `run(q, k, v, *, mask, scores, causal, window, kv_lengths, normalization,
   q_slots, return_weights, chunk_size, chunked_strategy) -> (out, weights or
-  None)`, mask rank 4 or None, scores a tuple of score specs (`scores.py`),
+  None)`, and for a call with segment ids (only to a row that declares
+  `segment_ids`) also `segment_ids=(q ids [B, T_q], kv ids [B, T_k])`,
+  int32 (`segments.py`); mask rank 4 or None, scores a tuple of score
+  specs (`scores.py`),
   each of a class in `accepts` (the call's `bias=` array is a `DenseBias`
   among them), normalization None (softmax) or a `StickBreaking`, q_slots
   int `[T_q]` or None (stick-breaking over a cache).
@@ -39,6 +42,9 @@ class Kernel:
   value_dim: bool = True  # takes D_v != D
   window: str = 'symmetric'  # windows: 'none', 'left' (with causal only) or 'symmetric'
   padding: bool = True  # takes kv_lengths
+  # The normalizations under which it takes segment ids (packed documents,
+  # `segments.py`); empty: none.
+  segment_ids: tuple[str, ...] = ()
   length_multiple: int = 1  # T_q and T_k multiples of this
   score_broadcast: bool = True  # takes a mask or bias of size 1 along T_q or T_k
   bias_length_multiple: int = 1  # with a mask or a bias: T_q and T_k multiples of this
@@ -73,6 +79,7 @@ class Request:
   gqa: bool = False  # fewer key/value heads than query heads
   score_broadcast: bool = False  # a mask or bias of size 1 along T_q or T_k
   batch: int = 1
+  segment_ids: bool = False  # packed documents: segment ids on queries and keys
 
 
 def kind_of(spec) -> type:

@@ -23,9 +23,12 @@ are built per block: `causal`, per-example `kv_lengths` (key padding),
 per-head `alibi_slopes` (ALiBi's `-slope · (i - j)`), a `difference` bias
 (`q_values[i] - k_values[j]` per example and head, e.g. forgetting
 attention's cumulative gates, with gradients to both) and a sliding `window`
-(`|i - j| < window`). Key blocks entirely above the causal diagonal or outside
-the window are never computed, so windowed attention costs O(T · window).
-Arbitrary dense masks and biases belong to `dense.py`.
+(`|i - j| < window`), and segment ids (packed documents: query i keeps key
+j only where their ids are equal, `segments.py`). Key blocks entirely above
+the causal diagonal or outside the window are never computed, so windowed
+attention costs O(T · window); with segment ids 'scan' also skips the key
+blocks that hold no id of the query block (`blockwise_scan.py`), 'unrolled'
+masks them. Arbitrary dense masks and biases belong to `dense.py`.
 
 Shapes: q `[B, T_q, H, D]`, k `[B, T_k, H, D]`, v `[B, T_k, H, D_v]`;
 out `[B, T_q, H, D_v]` in the dtype of v. Arithmetic in float32. Inside, the
@@ -50,6 +53,7 @@ from attention_jax.attention.heads import repeat_kv_heads
 from attention_jax.attention.scores import DifferenceBias
 from attention_jax.attention.scores import LinearBias
 from attention_jax.attention.scores import one_of_each
+from attention_jax.attention.segments import check_segment_ids
 
 STRATEGIES = ('scan', 'unrolled', 'auto')
 # 'auto' unrolls up to this many queries and keys: the length up to which
@@ -67,10 +71,10 @@ def _groups(x, g):
   return None if x is None else x.reshape(-1, g, *x.shape[1:])
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10, 11, 12, 13))
-def _chunked(q, k, v, kv_len, slopes, qv, kv, strategy, causal, q_chunk, k_chunk, t_k,
-             window, group):
-  out, _ = _chunked_fwd(q, k, v, kv_len, slopes, qv, kv, strategy, causal, q_chunk,
+@functools.partial(jax.custom_vjp, nondiff_argnums=(9, 10, 11, 12, 13, 14, 15))
+def _chunked(q, k, v, kv_len, slopes, qv, kv, qs, ks, strategy, causal, q_chunk, k_chunk,
+             t_k, window, group):
+  out, _ = _chunked_fwd(q, k, v, kv_len, slopes, qv, kv, qs, ks, strategy, causal, q_chunk,
                         k_chunk, t_k, window, group)
   return out
 
@@ -82,29 +86,31 @@ def _options(strategy, causal, q_chunk, k_chunk, t_k, window):
   return blockwise_unrolled, options
 
 
-def _chunked_fwd(q, k, v, kv_len, slopes, qv, kv, strategy, causal, q_chunk, k_chunk, t_k,
-                 window, group):
+def _chunked_fwd(q, k, v, kv_len, slopes, qv, kv, qs, ks, strategy, causal, q_chunk,
+                 k_chunk, t_k, window, group):
   impl, options = _options(strategy, causal, q_chunk, k_chunk, t_k, window)
   out, lse = jax.lax.map(lambda a: impl.forward_group(*a, **options),
-                         tuple(_groups(x, group) for x in (q, k, v, kv_len, slopes, qv, kv)))
+                         tuple(_groups(x, group)
+                               for x in (q, k, v, kv_len, slopes, qv, kv, qs, ks)))
   out, lse = out.reshape(*q.shape[:2], v.shape[-1]), lse.reshape(q.shape[:2])
-  return out, (q, k, v, kv_len, slopes, qv, kv, out, lse)
+  return out, (q, k, v, kv_len, slopes, qv, kv, qs, ks, out, lse)
 
 
 def _chunked_bwd(strategy, causal, q_chunk, k_chunk, t_k, window, group, residuals,
                  dout):
-  q, k, v, kv_len, slopes, qv, kv, out, lse = residuals
+  q, k, v, kv_len, slopes, qv, kv, qs, ks, out, lse = residuals
   impl, options = _options(strategy, causal, q_chunk, k_chunk, t_k, window)
   dout = dout.astype(jnp.float32)
   delta = jnp.einsum('nqd,nqd->nq', dout, out)  # rowsum(dO ∘ O), [N, Tq']
   k_t = jnp.swapaxes(k, 1, 2)  # [N, D, Tk']: dQᵀ's operand, see blocks.backward_block
-  args = (q, k, v, k_t, kv_len, slopes, qv, kv, delta, lse, dout)
+  args = (q, k, v, k_t, kv_len, slopes, qv, kv, qs, ks, delta, lse, dout)
   dq, dk, dv, dqv, dkv = jax.lax.map(lambda a: impl.backward_group(*a, **options),
                                      tuple(_groups(x, group) for x in args))
   flat = lambda g, like: None if like is None else g.reshape(like.shape)
   return (dq.reshape(q.shape).astype(q.dtype), dk.reshape(k.shape).astype(k.dtype),
           dv.reshape(v.shape).astype(v.dtype), None,
-          None if slopes is None else jnp.zeros_like(slopes), flat(dqv, qv), flat(dkv, kv))
+          None if slopes is None else jnp.zeros_like(slopes), flat(dqv, qv), flat(dkv, kv),
+          None, None)
 
 
 _chunked.defvjp(_chunked_fwd, _chunked_bwd)
@@ -125,7 +131,8 @@ def chunked_attention(
     alibi_slopes: Optional[jnp.ndarray] = None,
     difference: Optional[tuple[jnp.ndarray, jnp.ndarray]] = None,
     window: Optional[int] = None, strategy: str = 'auto', q_chunk: Optional[int] = None,
-    k_chunk: int = 512, heads_per_step: Optional[int] = None) -> jnp.ndarray:
+    k_chunk: int = 512, heads_per_step: Optional[int] = None,
+    segment_ids: Optional[tuple[jnp.ndarray, jnp.ndarray]] = None) -> jnp.ndarray:
   """Exact attention without a T_q × T_k matrix; see the module docstring.
 
   Args:
@@ -149,6 +156,8 @@ def chunked_attention(
       together (the largest divisor of B · H up to this); default 8 ('scan')
       or 1 ('unrolled'). Bounds a block's scores at heads_per_step × q_chunk
       × keys floats whatever the batch.
+    segment_ids: optional int (q ids `[B, T_q]`, kv ids `[B, T_k]`): query i
+      keeps key j only where the ids are equal (`segments.py`).
 
   Returns:
     out `[B, T_q, H, D_v]` in the dtype of `v`. Attention weights are never
@@ -162,6 +171,8 @@ def chunked_attention(
     raise ValueError(f'incompatible shapes: q {q.shape}, k {k.shape}, v {v.shape}.')
   if window is not None and (not isinstance(window, int) or window < 1):
     raise ValueError(f'window must be an integer >= 1 or None, got {window!r}.')
+  if segment_ids is not None:
+    segment_ids = check_segment_ids(*segment_ids, b, t_q, t_k)
   strategy = choose_strategy(strategy, t_q, t_k)
   q_chunk = _DEFAULTS[strategy]['q_chunk'] if q_chunk is None else q_chunk
   heads_per_step = (_DEFAULTS[strategy]['heads_per_step'] if heads_per_step is None
@@ -192,20 +203,37 @@ def chunked_attention(
     qv_r = pad_to(qv_r, 1, q_chunk)
     if strategy == 'scan':
       kv_r = pad_to(kv_r, 1, k_chunk)
+  qs_r = ks_r = None
+  if segment_ids is not None:
+    qs_r, ks_r = (_id_rows(x, h, t, chunk) for x, t, chunk in zip(
+        segment_ids, (t_q, t_k), (q_chunk, k_chunk if strategy == 'scan' else 1)))
   group = math.gcd(b * h, heads_per_step)
-  out = _chunked(q_r, k_r, v_r, row_kv_len, row_slopes, qv_r, kv_r, strategy, causal,
-                 q_chunk, k_chunk, t_k, window, group)
+  out = _chunked(q_r, k_r, v_r, row_kv_len, row_slopes, qv_r, kv_r, qs_r, ks_r, strategy,
+                 causal, q_chunk, k_chunk, t_k, window, group)
   out = out[:, :t_q].reshape(b, h, t_q, -1)
   return jnp.transpose(out, (0, 2, 1, 3)).astype(v.dtype)
 
 
+def _id_rows(ids, h: int, t: int, chunk: int):
+  """Segment ids `[B, T]` -> int32 rows `[B · H, T']`, one per (example,
+  head) like q's, padded to a multiple of `chunk` by repeating the last id
+  (padded keys are masked anyway; the repeat keeps each block's id range
+  tight for the scan's skipping)."""
+  ids = jnp.repeat(jnp.asarray(ids, jnp.int32), h, axis=0)
+  if ids.shape != (ids.shape[0], t):
+    raise ValueError(f'segment ids {ids.shape} do not match the length {t}.')
+  pad = -t % chunk
+  return jnp.pad(ids, ((0, 0), (0, pad)), mode='edge') if pad else ids
+
+
 def chunked_kernel(q, k, v, *, mask, scores, causal, window, kv_lengths, return_weights,
                    normalization=None, q_slots=None, chunk_size=None,
-                   chunked_strategy='auto'):
-  """The 'chunked' row of `dispatch.KERNELS`: structure, and of the score
-  specs a `LinearBias` and a `DifferenceBias` only, no weights; softmax, or
-  stick-breaking (`blockwise_stick_breaking.py`, causal) when normalization
-  is a `StickBreaking`. The dispatcher sends nothing else.
+                   chunked_strategy='auto', segment_ids=None):
+  """The 'chunked' row of `dispatch.KERNELS`: structure, segment ids (with
+  softmax), and of the score specs a `LinearBias` and a `DifferenceBias`
+  only, no weights; softmax, or stick-breaking
+  (`blockwise_stick_breaking.py`, causal) when normalization is a
+  `StickBreaking`. The dispatcher sends nothing else.
   -> (out `[B, T_q, H, D_v]`, None)."""
   if mask is not None or return_weights or q_slots is not None:
     raise ValueError('chunked_kernel takes no dense mask or q_slots and forms no weights.')
@@ -214,6 +242,9 @@ def chunked_kernel(q, k, v, *, mask, scores, causal, window, kv_lengths, return_
   chunks = {} if chunk_size is None else dict(q_chunk=chunk_size, k_chunk=chunk_size)
   values = None if difference is None else (difference.q_values, difference.k_values)
   if normalization is not None:
+    if segment_ids is not None:
+      raise ValueError('chunked_kernel: stick-breaking with segment ids is not built '
+                       'blockwise; the dispatcher sends them to the dense kernel.')
     out = chunked_stick_breaking(
         q, k, v, kv_lengths=kv_lengths, alibi_slopes=slopes, difference=values,
         window=window, attend_current=normalization.attend_current,
@@ -221,5 +252,5 @@ def chunked_kernel(q, k, v, *, mask, scores, causal, window, kv_lengths, return_
     return out, None
   out = chunked_attention(q, k, v, causal=causal, kv_lengths=kv_lengths,
                           alibi_slopes=slopes, difference=values, window=window,
-                          strategy=chunked_strategy, **chunks)
+                          strategy=chunked_strategy, segment_ids=segment_ids, **chunks)
   return out, None

@@ -22,6 +22,7 @@ from attention_jax.attention.masks import combine_masks
 from attention_jax.attention.masks import structural_mask
 from attention_jax.attention.scores import MASK_VALUE
 from attention_jax.attention.scores import materialise
+from attention_jax.attention.segments import segment_mask
 from attention_jax.attention.stick_breaking import stick_breaking_attention
 
 
@@ -116,16 +117,18 @@ def multi_head_attention(
 
 
 def dense_kernel(q, k, v, *, mask, scores, causal, window, kv_lengths, return_weights,
-                 normalization=None, q_slots=None, **unused_options):
-  """The 'dense' row of `dispatch.KERNELS`: structure, and the score specs
-  (a tuple, any kind with a dense form) materialised, then
+                 normalization=None, q_slots=None, segment_ids=None, **unused_options):
+  """The 'dense' row of `dispatch.KERNELS`: structure, segment ids (int32
+  (q ids `[B, T_q]`, kv ids `[B, T_k]`) or None) as a mask, and the score
+  specs (a tuple, any kind with a dense form) materialised, then
   `multi_head_attention` (softmax) or `stick_breaking_attention`
   (normalization a `StickBreaking`). Shapes as there; mask rank 4 or None.
   -> (out, weights or None)."""
   del unused_options  # other kernels' options (chunk sizes)
   t_q, t_k = q.shape[1], k.shape[1]
   mask = combine_masks(mask, structural_mask(t_q, t_k, causal=causal, window=window,
-                                             kv_lengths=kv_lengths))
+                                             kv_lengths=kv_lengths),
+                       None if segment_ids is None else segment_mask(*segment_ids))
   bias = materialise(scores, t_q, t_k)
   if normalization is None:
     out, weights = multi_head_attention(q, k, v, mask=mask, bias=bias)

@@ -24,16 +24,20 @@ its `accepts`.
   biases, per-head windows on position ids) and structure (causal, window,
   kv_lengths, GQA); softmax; no dense mask or bias, no weights; O(T) memory.
 * 'chunked' (`chunked.py`): blockwise, O(T) memory; masks by structure only
-  (causal, kv_lengths, window), linear biases (ALiBi's slopes) and difference
-  biases (forgetting attention's gates), both built block by block; softmax
-  and stick-breaking; no weights. 'auto' takes it from
-  `AUTO_CHUNKED_MIN_KEYS` keys on.
+  (causal, kv_lengths, window, segment ids), linear biases (ALiBi's slopes)
+  and difference biases (forgetting attention's gates), both built block by
+  block; softmax and stick-breaking (without segment ids); no weights.
+  'auto' takes it from `AUTO_CHUNKED_MIN_KEYS` keys on.
 * 'tpu_flash' (`tpu_flash.py`): JAX's Pallas flash attention, TPU only;
   any bias, materialised to the full [B, H, T_q, T_k] (O(T²) memory, which
   is why it comes after 'chunked': 'auto' takes it for a dense bias);
   causal, kv_lengths, no window; softmax; D_v == D; lengths multiples of 128.
-* 'dense'   (`dense.py`): any mask and bias, softmax and stick-breaking,
-  returns the weights; O(T²) memory.
+* 'dense'   (`dense.py`): any mask and bias, segment ids, softmax and
+  stick-breaking, returns the weights; O(T²) memory.
+Segment ids (packed documents, `segments.py`) are served by the rows that
+declare them (`Kernel.segment_ids`): 'dense' and 'chunked'. cuDNN through
+jax.nn has none (its packed layout, q_offsets/kv_offsets, is private to
+`jax._src.cudnn`); splash and our Pallas kernels do not build them yet.
 On CPU 'auto' never picks jax.nn's XLA path, whose backward is
 pathologically slow there.
 
@@ -72,6 +76,7 @@ from attention_jax.attention.scores import ScoreSpec
 from attention_jax.attention.scores import WindowBias
 from attention_jax.attention.scores import as_terms
 from attention_jax.attention.scores import describe
+from attention_jax.attention.segments import check_segment_ids
 from attention_jax.attention.splash import LENGTH_MULTIPLE
 from attention_jax.attention.splash import splash_kernel
 from attention_jax.attention.tpu_flash import tpu_flash_kernel
@@ -103,14 +108,15 @@ KERNELS = {
     'chunked': Kernel(chunked_kernel, weights=False, dense_mask=False,
                       accepts=frozenset({LinearBias, DifferenceBias}),
                       normalizations=('softmax', 'stick_breaking'),
-                      auto_min_keys=AUTO_CHUNKED_MIN_KEYS),
+                      segment_ids=('softmax',), auto_min_keys=AUTO_CHUNKED_MIN_KEYS),
     'tpu_flash': Kernel(tpu_flash_kernel, weights=False, dense_mask=False, accepts=ANY_SPEC,
                         dtypes=('float32', 'bfloat16'), backends=('tpu',),
                         head_dim=((1, 128), (128, None)), value_dim=False, window='none',
                         length_multiple=LENGTH_MULTIPLE, materialises=True,
                         partitionable=False),
     'dense': Kernel(dense_kernel, weights=True, dense_mask=True, accepts=ANY_SPEC,
-                    normalizations=('softmax', 'stick_breaking'), materialises=True),
+                    normalizations=('softmax', 'stick_breaking'), materialises=True,
+                    segment_ids=('softmax', 'stick_breaking')),
 }
 # The built-in implementations; `implementations()` adds registered ones.
 IMPLEMENTATIONS = (*KERNELS, 'auto')
@@ -182,9 +188,23 @@ def obstacles(name: str, request: Request, backend: Optional[str] = None) -> lis
   if kernel.dtypes and dtype.name not in kernel.dtypes:
     found.append(f"{' or '.join(kernel.dtypes)} inputs (got {dtype.name})")
   found += shape_obstacles(kernel, request)
+  if request.segment_ids and request.normalization not in kernel.segment_ids:
+    found.append(segment_obstacle(kernel, request))
   if not kernel.partitionable:
     found += filter(None, [batch_obstacle(request.batch, context_mesh())])
   return found
+
+
+def segment_obstacle(kernel: Kernel, request: Request) -> str:
+  """Why `kernel` cannot take the call's segment ids, naming the rows that can."""
+  norm = request.normalization
+  names = ', '.join(repr(n) for n, k in KERNELS.items() if norm in k.segment_ids)
+  served = f'{names} serve{"s" if names.count(",") == 0 else ""} them' if names else (
+      'no kernel serves them')
+  if kernel.segment_ids:
+    return (f'segment_ids= with normalization={norm!r} (it serves segment ids with '
+            f'{", ".join(kernel.segment_ids)}; {served})')
+  return f'segment_ids= (packed documents: it builds no segment mask; {served})'
 
 
 def takers(kind: type) -> str:
@@ -241,7 +261,8 @@ def scaled_dot_product_attention(
     kv_lengths: Optional[jnp.ndarray] = None, window: Optional[int] = None,
     normalization: Normalization = 'softmax', q_slots: Optional[jnp.ndarray] = None,
     implementation: str = 'auto', return_weights: bool = False,
-    chunk_size: Optional[int] = None, chunked_strategy: str = 'auto'):
+    chunk_size: Optional[int] = None, chunked_strategy: str = 'auto',
+    segment_ids: Optional[jnp.ndarray] = None, kv_segment_ids: Optional[jnp.ndarray] = None):
   """Multi-head attention on the kernel that can serve it (module docstring).
 
   Args:
@@ -268,6 +289,13 @@ def scaled_dot_product_attention(
     chunk_size: query and key block size of the chunked kernel (default:
       `chunked_attention`'s, per strategy).
     chunked_strategy: 'scan' | 'unrolled' | 'auto', see `chunked_attention`.
+    segment_ids: int `[B, T_q]`, the queries' document ids (packed rows):
+      query i attends key j only where the ids are equal, besides every
+      other mask (`segments.py`: conventions, padding). Also the keys' ids
+      when `kv_segment_ids` is None (self-attention, T_q == T_k). Served by
+      the rows with `segment_ids` ('dense', 'chunked'; module docstring).
+    kv_segment_ids: int `[B, T_k]`, the keys' ids (cross-attention, or
+      different ids on the two sides, as for padding); needs segment_ids.
 
   Returns:
     out `[B, T_q, H, D_v]` in the dtype of v, or `(out, weights)` with
@@ -285,6 +313,7 @@ def scaled_dot_product_attention(
             + as_terms(score_bias))
   for term in scores:
     term.check(q.shape[0], q.shape[2], t_q, t_k)
+  segments = check_segment_ids(segment_ids, kv_segment_ids, q.shape[0], t_q, t_k)
   norm = as_normalization(normalization)
   if norm is not None and not causal and q_slots is None:
     raise ValueError('stick-breaking attention reads the keys before each query: it needs '
@@ -296,15 +325,19 @@ def scaled_dot_product_attention(
                     scores=scores, normalization=name_of(norm),
                     t_q=t_q, v_head_dim=v.shape[-1], causal=causal, window=window,
                     kv_lengths=kv_lengths is not None, gqa=k.shape[2] < q.shape[2],
-                    score_broadcast=broadcast, batch=q.shape[0])
+                    score_broadcast=broadcast, batch=q.shape[0],
+                    segment_ids=segments is not None)
   name = select_implementation(implementation, request)
   kernel, mesh = KERNELS[name], context_mesh()
   run = kernel.run
   if mesh is not None and not kernel.partitionable:  # a custom call: per device
     run = lambda *a, **kw: per_device(kernel.run, mesh, *a, **kw)
+  # Only a row that declares segment ids is handed them (a registered row
+  # written before them need not take the argument).
+  extra = {} if segments is None else dict(segment_ids=segments)
   out, weights = run(
       q, k, v, mask=mask, scores=scores,
       causal=causal, window=window, kv_lengths=kv_lengths, normalization=norm,
       q_slots=q_slots, return_weights=return_weights, chunk_size=chunk_size,
-      chunked_strategy=chunked_strategy)
+      chunked_strategy=chunked_strategy, **extra)
   return (out, weights) if return_weights else out

@@ -9,10 +9,10 @@ its share of the batch, with `jax.shard_map`: the batch axis split over all
 the mesh's axes, everything else whole. Attention never mixes examples, so
 this is exact; it needs the batch to be a multiple of the mesh's size.
 
-The kernels' own arrays are the ones split: q, k, v, kv_lengths, a dense
-mask, and the array fields of every score spec (a `DenseBias`'s bias, a
-`DifferenceBias`'s values, a `WindowBias`'s ids, any kind's), each when it
-has the batch axis (a size-1 batch axis is shared).
+The kernels' own arrays are the ones split: q, k, v, kv_lengths, segment
+ids, a dense mask, and the array fields of every score spec (a
+`DenseBias`'s bias, a `DifferenceBias`'s values, a `WindowBias`'s ids, any
+kind's), each when it has the batch axis (a size-1 batch axis is shared).
 """
 
 import dataclasses
@@ -52,6 +52,8 @@ def per_device(run: Callable, mesh, q, k, v, *, kv_lengths, mask, scores, **opti
   batch = P(tuple(mesh.axis_names))
   arrays = dict(q=q, k=k, v=v, kv_lengths=kv_lengths, mask=mask)
   arrays = {n: x for n, x in arrays.items() if x is not None}
+  if options.get('segment_ids') is not None:  # split by example like the rest
+    arrays['segment_ids'] = options.pop('segment_ids')
   arrays['scores'] = [spec_arrays(s) for s in scores]
   specs = jax.tree.map(lambda x: batch if x.shape[0] == b else P(), arrays)
 
