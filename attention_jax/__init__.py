@@ -27,6 +27,8 @@ from attention_jax.attention import multi_head_attention
 from attention_jax.attention import padding_mask
 from attention_jax.attention import relative_distance
 from attention_jax.attention import scaled_dot_product_attention
+from attention_jax.attention import segment_mask
+from attention_jax.attention import segment_positions
 from attention_jax.attention import sliding_window_mask
 from attention_jax.attention import stick_breaking_attention
 from attention_jax.attention import WindowBias
@@ -51,8 +53,8 @@ __all__ = [
     'MASK_VALUE', 'additive_scores', 'attend', 'attention_mask_from_tokens',
     'causal_mask', 'chunked_attention', 'combine_masks', 'dot_product_attention',
     'dot_scores', 'multi_head_attention', 'padding_mask', 'relative_distance',
-    'scaled_dot_product_attention', 'sliding_window_mask', 'stick_breaking_attention',
-    'StickBreaking',
+    'scaled_dot_product_attention', 'segment_mask', 'segment_positions',
+    'sliding_window_mask', 'stick_breaking_attention', 'StickBreaking',
     # What an encoding adds to the scores, and what it may read to do so.
     'DenseBias', 'DifferenceBias', 'LinearBias', 'NoBias', 'ScoreContext', 'ScoreSpec',
     'WindowBias',

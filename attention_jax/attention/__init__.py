@@ -36,3 +36,6 @@ from attention_jax.attention.scores import WindowBias
 from attention_jax.attention.scores import is_arange
 from attention_jax.attention.scores import linear_bias
 from attention_jax.attention.scores import relative_distance
+from attention_jax.attention.segments import padding_ids
+from attention_jax.attention.segments import segment_mask
+from attention_jax.attention.segments import segment_positions

@@ -27,6 +27,7 @@ Conventions:
 
 from typing import Optional
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -46,24 +47,27 @@ def _check_one(name: str, ids, b: int, t: int, length: str) -> jnp.ndarray:
   return jnp.asarray(ids, jnp.int32)
 
 
-def check_segment_ids(segment_ids, kv_segment_ids, b: int, t_q: int, t_k: int
+def check_segment_ids(segment_ids, kv_segment_ids, b: int, t_q: int, t_k: int, *,
+                      names=('segment_ids', 'kv_segment_ids')
                       ) -> Optional[tuple[jnp.ndarray, jnp.ndarray]]:
   """The call's segment ids as int32 (q ids `[B, T_q]`, kv ids `[B, T_k]`),
   or None without any. `kv_segment_ids` defaults to `segment_ids` (self-
   attention, T_q == T_k); giving only `kv_segment_ids` is refused. A
-  TypeError for non-integer ids, a ValueError naming the shapes else."""
+  TypeError for non-integer ids, a ValueError naming the shapes else;
+  `names`: the two arguments as the caller calls them."""
+  q_name, kv_name = names
   if segment_ids is None:
     if kv_segment_ids is not None:
-      raise ValueError('kv_segment_ids= was given without segment_ids= (the queries\' '
-                       'ids): give both, or segment_ids= alone for self-attention.')
+      raise ValueError(f'{kv_name}= was given without {q_name}= (the queries\' ids): give '
+                       f'both, or {q_name}= alone for self-attention.')
     return None
-  q_ids = _check_one('segment_ids', segment_ids, b, t_q, 'T_q')
+  q_ids = _check_one(q_name, segment_ids, b, t_q, 'T_q')
   if kv_segment_ids is None:
     if t_q != t_k:
-      raise ValueError(f'segment_ids= alone stands for the keys too, which needs T_q == '
-                       f'T_k, got {t_q} and {t_k}: give kv_segment_ids= [batch, T_k].')
+      raise ValueError(f'{q_name}= alone stands for the keys too, which needs T_q == T_k, '
+                       f'got {t_q} and {t_k}: give {kv_name}= [batch, T_k].')
     return q_ids, q_ids
-  return q_ids, _check_one('kv_segment_ids', kv_segment_ids, b, t_k, 'T_k')
+  return q_ids, _check_one(kv_name, kv_segment_ids, b, t_k, 'T_k')
 
 
 def segment_mask(q_ids: jnp.ndarray, kv_ids: jnp.ndarray) -> jnp.ndarray:
@@ -71,6 +75,19 @@ def segment_mask(q_ids: jnp.ndarray, kv_ids: jnp.ndarray) -> jnp.ndarray:
   query and key are in the same segment (the dense form of what the
   blockwise kernels build per block)."""
   return (q_ids[:, :, None] == kv_ids[:, None, :])[:, None]
+
+
+def segment_positions(segment_ids) -> jnp.ndarray:
+  """Positions that restart at 0 with each document: int `[B, T]` ids ->
+  int32 `[B, T]`, each token's index in its run of equal ids (a new run
+  wherever the id changes), what each document would have alone."""
+  ids = jnp.asarray(segment_ids)
+  if ids.ndim != 2 or not jnp.issubdtype(ids.dtype, jnp.integer):
+    raise ValueError(f'segment_ids must be integer [batch, length], got '
+                     f'{ids.dtype.name}{list(ids.shape)}.')
+  index = jnp.arange(ids.shape[1], dtype=jnp.int32)[None, :]
+  starts = jnp.concatenate([jnp.ones_like(ids[:, :1], bool), ids[:, 1:] != ids[:, :-1]], 1)
+  return index - jax.lax.cummax(jnp.where(starts, index, 0), axis=1)
 
 
 def padding_ids(segment_ids, padding_mask) -> tuple[jnp.ndarray, jnp.ndarray]:

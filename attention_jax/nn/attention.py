@@ -50,6 +50,7 @@ from attention_jax.attention.normalization import Normalization
 from attention_jax.attention.normalization import as_normalization
 from attention_jax.attention.scalable import scalable_softmax_queries
 from attention_jax.attention.scalable import visible_keys
+from attention_jax.attention.segments import check_segment_ids
 from attention_jax.nn.arguments import CAUSAL
 from attention_jax.nn.arguments import ORDER
 from attention_jax.nn.arguments import call_inputs
@@ -287,7 +288,9 @@ class MultiHeadAttention(KVCache, nnx.Module):
                distances: Optional[jnp.ndarray] = None,
                return_weights: bool = False, sow_weights: bool = False,
                deterministic: Optional[bool] = None, rngs=None,
-               decode: Optional[bool] = None):
+               decode: Optional[bool] = None,
+               segment_ids: Optional[jnp.ndarray] = None,
+               context_segment_ids: Optional[jnp.ndarray] = None):
     """Self-attention over `x`, or cross-attention from `x` to `context`.
 
     Flax's call, `module(inputs_q, inputs_k, inputs_v, is_causal=...)`, works
@@ -319,6 +322,14 @@ class MultiHeadAttention(KVCache, nnx.Module):
         module's fork.
       decode: overrides the module's `decode`: append `x` to the cache held
         by the module (`init_cache(input_shape)`) and attend over it.
+      segment_ids: int `[B, T_q]`, the documents of packed rows: a query
+        attends only to keys of its own id (`attention.segments`: the
+        conventions, padding); give `positions` that restart per document
+        (`segment_positions`) for an encoding to see each document alone.
+        A full pass only (a cache holds one document per row); not with
+        scalable softmax (its n would count other documents' keys).
+      context_segment_ids: int `[B, T_k]`, the keys' ids; default
+        `segment_ids` for self-attention (needed for cross-attention).
 
     Returns:
       out `[B, T_q, out_features]`, or `(out, weights float32 [B, H, T_q,
@@ -330,6 +341,9 @@ class MultiHeadAttention(KVCache, nnx.Module):
       raise ValueError(f'distances= is read in a full pass by encodings with reads_distances '
                        f'(alibi, relative), not {type(self.positional).__name__} (decode='
                        f'{decoding}).')
+    if decoding and (segment_ids is not None or context_segment_ids is not None):
+      raise ValueError('segment_ids= is served in a full pass only: a key/value cache holds '
+                       'one document per row (decode each document in a row of its own).')
     if decoding:
       return self._decode(x, context, positions, mask, bias, kv_lengths,
                           return_weights or sow_weights)
@@ -342,6 +356,14 @@ class MultiHeadAttention(KVCache, nnx.Module):
       raise ValueError(f'this MultiHeadAttention is causal (causal=True), which needs as '
                        f'many queries as keys, got {x.shape[1]} and {context.shape[1]}; '
                        'build cross-attention with causal=False.')
+    segments = check_segment_ids(segment_ids, context_segment_ids, x.shape[0], x.shape[1],
+                                 context.shape[1],
+                                 names=('segment_ids', 'context_segment_ids'))
+    if segments is not None and self.ssmax_scale is not None:
+      raise ValueError('segment_ids= with scalable_softmax: its log n counts the keys a '
+                       'query sees by index, across documents; packed rows are not '
+                       'served with it.')
+    q_ids, kv_ids = (None, None) if segments is None else segments
     dropping = not resolve_deterministic(self.dropout_rate, deterministic, self.deterministic)
     if dropping and self.implementation not in ('auto', 'dense'):
       raise ValueError(
@@ -359,7 +381,7 @@ class MultiHeadAttention(KVCache, nnx.Module):
         causal=self.causal, window=self.sliding_window, kv_lengths=kv_lengths,
         mask=as_rank4('mask', mask),
         q_history=q if self_attention and self.positional.reads_query_history else None,
-        distances=distances))
+        distances=distances, q_segment_ids=q_ids, k_segment_ids=kv_ids))
     weighted = return_weights or sow_weights or dropping
     if self.remainder is not None:
       v = self.remainder.values(v)
@@ -368,7 +390,8 @@ class MultiHeadAttention(KVCache, nnx.Module):
         causal=self.causal, kv_lengths=kv_lengths, window=self.sliding_window,
         normalization=self.normalization,
         implementation=self.implementation, return_weights=weighted,
-        chunk_size=self.chunk_size, chunked_strategy=self.chunked_strategy)
+        chunk_size=self.chunk_size, chunked_strategy=self.chunked_strategy,
+        segment_ids=q_ids, kv_segment_ids=kv_ids)
     if not weighted:
       return self.W_O(self._with_remainder(result))
     out, weights = result

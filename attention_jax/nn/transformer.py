@@ -48,6 +48,9 @@ import numpy as np
 from flax import nnx
 
 from attention_jax.attention.normalization import Normalization
+from attention_jax.attention.segments import check_segment_ids
+from attention_jax.attention.segments import padding_ids
+from attention_jax.attention.segments import segment_positions
 from attention_jax.nn.attention import MultiHeadAttention
 from attention_jax.nn.attention import resolve_deterministic
 from attention_jax.nn.cache import guard_slots
@@ -79,11 +82,14 @@ class Block(nnx.Module):
     # Forked only when dropping: rate 0 leaves the parameters' RNG untouched.
     self.rngs = rngs.dropout.fork() if dropout_rate > 0 else nnx.data(None)
 
-  def __call__(self, x, *, positions, return_weights, deterministic=None, rngs=None):
-    """x `[B, T, d_model]` -> (`[B, T, d_model]`, weights `[B, H, T, T]` or None)."""
+  def __call__(self, x, *, positions, return_weights, deterministic=None, rngs=None,
+               segment_ids=None):
+    """x `[B, T, d_model]` -> (`[B, T, d_model]`, weights `[B, H, T, T]` or None);
+    segment_ids None or (query ids, key ids), int `[B, T]` each."""
+    q_ids, kv_ids = (None, None) if segment_ids is None else segment_ids
     h = self.attention(self.attention_norm(x), positions=positions,
                        return_weights=return_weights, deterministic=deterministic,
-                       rngs=rngs)
+                       rngs=rngs, segment_ids=q_ids, context_segment_ids=kv_ids)
     h, weights = h if return_weights else (h, None)
     drop = self._residual_dropout(deterministic, rngs)
     return self._mlp(x + drop(h), drop), weights
@@ -190,8 +196,16 @@ class TransformerLM(nnx.Module):
 
   def __call__(self, tokens: jax.Array, *, positions: Optional[jax.Array] = None,
                return_weights: bool = False, deterministic: Optional[bool] = None,
-               rngs=None, abacus_offset=None):
-    """tokens int `[B, T]`; positions `[T]` or `[B, T]` (default 0 … T-1);
+               rngs=None, abacus_offset=None, segment_ids: Optional[jax.Array] = None,
+               padding_mask: Optional[jax.Array] = None):
+    """tokens int `[B, T]`; positions `[T]` or `[B, T]` (default 0 … T-1,
+    or with segment_ids each token's index in its document);
+    segment_ids int `[B, T]`: packed documents, each attending only to
+    itself (`attention.segments`); padding_mask bool `[B, T]`, True = a real
+    token: a padded token attends to nothing and nothing to it (its logits
+    are those of a zero attention output, finite, to be dropped from the
+    loss). Not with Abacus embeddings, whose digit runs could cross
+    documents.
     `deterministic` and `rngs` (dropout) override the modules';
     `abacus_offset` int or `[B]`: the Abacus training offset k (default 0).
 
@@ -205,8 +219,10 @@ class TransformerLM(nnx.Module):
     """
     self._check_tokens(tokens)
     t = tokens.shape[1]
+    segments = self._segments(tokens, segment_ids, padding_mask)
     if positions is None:
-      positions = np.arange(t, dtype=np.int32)
+      positions = (np.arange(t, dtype=np.int32) if segment_ids is None
+                   else segment_positions(segment_ids))
     x = self.positional.add_to_embeddings(self.embed(tokens), positions)
     if self.abacus is not None:
       x = self.abacus(x, self.abacus.ids(tokens, abacus_offset))
@@ -216,10 +232,26 @@ class TransformerLM(nnx.Module):
     all_weights = []
     for block in self.blocks:
       x, weights = block(x, positions=positions, return_weights=return_weights,
-                         deterministic=deterministic, rngs=rngs)
+                         deterministic=deterministic, rngs=rngs, segment_ids=segments)
       all_weights.append(weights)
     logits = self.unembed(self.final_norm(x)).astype(jnp.float32)
     return (logits, all_weights) if return_weights else logits
+
+  def _segments(self, tokens, segment_ids, padding_mask):
+    """(query ids, key ids) int32 `[B, T]` for the blocks, or None."""
+    if segment_ids is None and padding_mask is None:
+      return None
+    if self.abacus is not None:
+      raise ValueError('segment_ids=/padding_mask= with Abacus embeddings: a digit run '
+                       'would continue from one document into the next; pack such '
+                       'examples without Abacus, or one per row.')
+    if padding_mask is not None:
+      if np.shape(padding_mask) != tokens.shape:
+        raise ValueError(f'padding_mask has shape {np.shape(padding_mask)}; it must be '
+                         f'[batch, length] like tokens, {tokens.shape}.')
+      return padding_ids(segment_ids, padding_mask)
+    ids = check_segment_ids(segment_ids, None, *tokens.shape, tokens.shape[1])
+    return ids
 
   def init_cache(self, batch_size: int, cache_size: int, dtype=jnp.float32) -> list:
     """One empty key/value cache per block, for `extend`; with Abacus
@@ -232,12 +264,19 @@ class TransformerLM(nnx.Module):
     return caches
 
   def extend(self, tokens: jax.Array, cache: list, start, *,
-             positions: Optional[jax.Array] = None) -> tuple[jax.Array, list]:
+             positions: Optional[jax.Array] = None,
+             segment_ids: Optional[jax.Array] = None) -> tuple[jax.Array, list]:
     """Cached decoding: tokens int `[B, S]` at slots `start … start+S-1`
     (positions default to the slots) -> (logits float32 `[B, S, V]`, cache).
     Logits equal those of the full causal pass at the same positions; never
     drops. Slots outside the cache: a ValueError for a known `start`, else
-    NaN logits and `cache[i]['overflow']` set (`nn.check_cache`)."""
+    NaN logits and `cache[i]['overflow']` set (`nn.check_cache`).
+    A cache holds one document per row: `segment_ids` (a packed prefill) is
+    refused; prefill each document in a row of its own."""
+    if segment_ids is not None:
+      raise ValueError('extend(segment_ids=...): a key/value cache holds one document per '
+                       'row, so a packed row is not prefilled; give each document its own '
+                       'row (and positions from 0).')
     self._check_tokens(tokens)
     # Checked once, not per layer.
     in_range, record = guard_slots(start, tokens.shape[1], cache[0]['key'].shape[2])

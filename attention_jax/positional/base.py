@@ -45,6 +45,7 @@ from attention_jax.attention.scores import DenseBias
 from attention_jax.attention.scores import NoBias
 from attention_jax.attention.scores import ScoreSpec
 from attention_jax.attention.scores import relative_distance
+from attention_jax.attention.segments import segment_mask
 
 
 def haiku_truncated_normal(stddev: Optional[float] = None):
@@ -118,6 +119,11 @@ class ScoreContext:
     query-minus-key distances to use instead of `q_positions - k_positions`,
     for an encoding with `reads_distances` (Ruoss et al. 2023's randomized
     relative encodings sample distances, which no positions produce).
+  q_segment_ids, k_segment_ids: int32 `[B, T_q]` and `[B, T_k]`, the
+    documents of a packed row (`attention.segments`): a query sees only the
+    keys of its own; None without. `visible()` includes them, so an
+    encoding that reads the mask (CoPE's counts, DAPE) sees each document
+    alone.
   """
   q: jnp.ndarray
   k: jnp.ndarray
@@ -132,6 +138,8 @@ class ScoreContext:
   mask: Optional[jnp.ndarray] = None
   q_history: Optional[jnp.ndarray] = None
   distances: Optional[jnp.ndarray] = None
+  q_segment_ids: Optional[jnp.ndarray] = None
+  k_segment_ids: Optional[jnp.ndarray] = None
 
   def distance(self) -> jnp.ndarray:
     """int32 `[..., T_q, T_k]`: `distances` if given, else q - k positions."""
@@ -141,7 +149,8 @@ class ScoreContext:
 
   def visible(self) -> jnp.ndarray:
     """bool `[B|1, H|1, T_q, T_k]`: the keys each query may attend to, as the
-    attention call will mask them (causal on slots, window, padding, mask)."""
+    attention call will mask them (causal on slots, window, padding, mask,
+    segment ids)."""
     t_q, t_k = self.q.shape[1], self.k.shape[1]
     slots = np.arange(t_q) if self.q_slots is None else self.q_slots
     keys = jnp.arange(t_k)[None, :]
@@ -156,6 +165,8 @@ class ScoreContext:
       keep = keep & (keys < jnp.asarray(self.kv_lengths)[:, None])[:, None, None, :]
     if self.mask is not None:
       keep = keep & self.mask
+    if self.q_segment_ids is not None:
+      keep = keep & segment_mask(self.q_segment_ids, self.k_segment_ids)
     return keep
 
 

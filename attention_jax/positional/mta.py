@@ -46,6 +46,7 @@ import numpy as np
 from flax import nnx
 
 from attention_jax.attention.scores import DenseBias
+from attention_jax.attention.segments import segment_mask
 from attention_jax.positional.base import PositionalEncoding
 from attention_jax.positional.base import ScoreContext
 from attention_jax.positional.dape import dape_scores
@@ -84,7 +85,8 @@ def key_query_convolution(theta: jnp.ndarray, q_history: jnp.ndarray, k: jnp.nda
                           q_slots, *, pad_key: str = 'both',
                           kv_lengths: Optional[jnp.ndarray] = None,
                           window: Optional[int] = None,
-                          mask: Optional[jnp.ndarray] = None) -> jnp.ndarray:
+                          mask: Optional[jnp.ndarray] = None,
+                          segment_ids=None) -> jnp.ndarray:
   """S' of the module docstring for the queries at `q_slots`.
 
   Args:
@@ -97,6 +99,11 @@ def key_query_convolution(theta: jnp.ndarray, q_history: jnp.ndarray, k: jnp.nda
     window: a sliding window (slot - key < window), or None.
     mask: a caller's boolean mask `[B|1, H|1, T_k, T_k]` over slots × keys (a
       full pass: each earlier query's row is read from it), or None.
+    segment_ids: None, or int (the ids of the queries at each slot `[B,
+      T_k]`, the keys' `[B, T_k]`) of a packed row (a full pass): an earlier
+      query's score with a key of another document is 0 before the
+      convolution, as if neither existed, so that no document reads
+      another's scores.
 
   Returns:
     float32 `[B, H, T_q, T_k]`.
@@ -118,6 +125,9 @@ def key_query_convolution(theta: jnp.ndarray, q_history: jnp.ndarray, k: jnp.nda
       visible = visible & jnp.take(mask, jnp.clip(rows, 0, t_k - 1), axis=-2)
     if kv_lengths is not None:
       visible = visible & (keys < jnp.asarray(kv_lengths)[:, None])[:, None, None, :]
+    if segment_ids is not None:
+      row_ids = jnp.take(segment_ids[0], jnp.clip(rows, 0, t_k - 1), axis=1)
+      visible = visible & segment_mask(row_ids, segment_ids[1])
     scores = jnp.where(visible, dape_scores(q_rows, k), 0.0)  # [B, H, T_q, T_k]
     for c in range(c_k):
       out = out + theta[None, :, r, c, None, None] * _shift_keys(scores, c - left)
@@ -171,8 +181,15 @@ class MultiTokenAttention(PositionalEncoding):
       raise ValueError(f'mta: a caller mask must cover every slot (rows = keys = '
                        f'{context.k.shape[1]}), got {context.mask.shape}: the convolution '
                        'reads the rows of earlier queries.')
+    segments = None
+    if context.q_segment_ids is not None:
+      if context.q_segment_ids.shape[1] != context.k.shape[1]:
+        raise ValueError('mta: segment ids need a full pass (a query at every slot), got '
+                         f'{context.q_segment_ids.shape[1]} queries and '
+                         f'{context.k.shape[1]} keys.')
+      segments = (context.q_segment_ids, context.k_segment_ids)
     convolved = key_query_convolution(
         self.kernel[...], context.q_history, context.k, context.q_slots,
         pad_key=self.pad_key, kv_lengths=context.kv_lengths, window=context.window,
-        mask=context.mask)
+        mask=context.mask, segment_ids=segments)
     return DenseBias(convolved - dape_scores(context.q, context.k), origin=ORIGIN)
