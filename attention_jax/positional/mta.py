@@ -100,10 +100,10 @@ def key_query_convolution(theta: jnp.ndarray, q_history: jnp.ndarray, k: jnp.nda
     mask: a caller's boolean mask `[B|1, H|1, T_k, T_k]` over slots × keys (a
       full pass: each earlier query's row is read from it), or None.
     segment_ids: None, or int (the ids of the queries at each slot `[B,
-      T_k]`, the keys' `[B, T_k]`) of a packed row (a full pass): an earlier
-      query's score with a key of another document is 0 before the
-      convolution, as if neither existed, so that no document reads
-      another's scores.
+      T_k]`, the keys' `[B, T_k]`) of a packed row (a full pass): for query
+      i, the scores it reads whose earlier query or key lies outside i's
+      document are 0, as if the document were alone (the key shift would
+      otherwise carry a neighbour document's own scores into it).
 
   Returns:
     float32 `[B, H, T_q, T_k]`.
@@ -125,9 +125,10 @@ def key_query_convolution(theta: jnp.ndarray, q_history: jnp.ndarray, k: jnp.nda
       visible = visible & jnp.take(mask, jnp.clip(rows, 0, t_k - 1), axis=-2)
     if kv_lengths is not None:
       visible = visible & (keys < jnp.asarray(kv_lengths)[:, None])[:, None, None, :]
-    if segment_ids is not None:
+    if segment_ids is not None:  # the earlier query and the key in query i's document
       row_ids = jnp.take(segment_ids[0], jnp.clip(rows, 0, t_k - 1), axis=1)
-      visible = visible & segment_mask(row_ids, segment_ids[1])
+      own = jnp.take(segment_ids[0], slots, axis=1)  # [B, T_q]
+      visible = visible & segment_mask(own, segment_ids[1]) & (row_ids == own)[:, None, :, None]
     scores = jnp.where(visible, dape_scores(q_rows, k), 0.0)  # [B, H, T_q, T_k]
     for c in range(c_k):
       out = out + theta[None, :, r, c, None, None] * _shift_keys(scores, c - left)
