@@ -22,7 +22,8 @@ its `accepts`.
   Pallas on Mosaic (TPU) and on Triton (GPU); FlashAttention-2 with the
   biases built in the kernel from their specs (ALiBi's slopes, difference
   biases, per-head windows on position ids) and structure (causal, window,
-  kv_lengths, GQA); softmax; no dense mask or bias, no weights; O(T) memory.
+  kv_lengths, GQA, segment ids); softmax; no dense mask or bias, no
+  weights; O(T) memory.
 * 'chunked' (`chunked.py`): blockwise, O(T) memory; masks by structure only
   (causal, kv_lengths, window, segment ids), linear biases (ALiBi's slopes)
   and difference biases (forgetting attention's gates), both built block by
@@ -35,9 +36,10 @@ its `accepts`.
 * 'dense'   (`dense.py`): any mask and bias, segment ids, softmax and
   stick-breaking, returns the weights; O(T²) memory.
 Segment ids (packed documents, `segments.py`) are served by the rows that
-declare them (`Kernel.segment_ids`): 'dense' and 'chunked'. cuDNN through
-jax.nn has none (its packed layout, q_offsets/kv_offsets, is private to
-`jax._src.cudnn`); splash and our Pallas kernels do not build them yet.
+declare them (`Kernel.segment_ids`): 'dense', 'chunked', 'pallas_tpu' and
+'pallas_gpu' (softmax; 'dense' also stick-breaking). cuDNN through jax.nn
+has none (its packed layout, q_offsets/kv_offsets, is private to
+`jax._src.cudnn`); 'splash' and 'tpu_flash' are not wired for them.
 On CPU 'auto' never picks jax.nn's XLA path, whose backward is
 pathologically slow there.
 
@@ -101,10 +103,10 @@ KERNELS = {
                      length_multiple=LENGTH_MULTIPLE, partitionable=False),
     'pallas_tpu': Kernel(pallas_tpu_kernel, weights=False, dense_mask=False,
                          accepts=COMPACT_SPECS, dtypes=('float32', 'bfloat16'),
-                         backends=('tpu',), partitionable=False),
+                         backends=('tpu',), partitionable=False, segment_ids=('softmax',)),
     'pallas_gpu': Kernel(pallas_gpu_kernel, weights=False, dense_mask=False,
                          accepts=COMPACT_SPECS, dtypes=('float32', 'bfloat16', 'float16'),
-                         backends=('gpu',), partitionable=False),
+                         backends=('gpu',), partitionable=False, segment_ids=('softmax',)),
     'chunked': Kernel(chunked_kernel, weights=False, dense_mask=False,
                       accepts=frozenset({LinearBias, DifferenceBias}),
                       normalizations=('softmax', 'stick_breaking'),

@@ -10,7 +10,11 @@ numbers, the same ones the chunked kernel uses (`blocks.py`):
 * a `WindowBias`: `lows[h] <= p_i - p_j <= highs[h]` on position ids (or the
   token indices), or the sink `p_j == 0`; Hard-ALiBi and `windowed_rope` on
   coupled ids;
-* structure: causal, `window` (|i - j| < window) and `kv_lengths`.
+* structure: causal, `window` (|i - j| < window) and `kv_lengths`;
+* segment ids (packed documents): query i keeps key j only where their ids
+  are equal, from int32 ids `[B, T]` read per tile like position ids. Tiles
+  are not skipped for them (which documents meet is data, the tile walk is
+  structure): masked only.
 
 A `WindowBias` acts as part of the keep-mask here (weight exactly 0), where
 the dense kernel adds MASK_VALUE: the two agree whenever a query has a
@@ -31,6 +35,7 @@ from attention_jax.attention.scores import LinearBias
 from attention_jax.attention.scores import MASK_VALUE
 from attention_jax.attention.scores import WindowBias
 from attention_jax.attention.scores import one_of_each
+from attention_jax.attention.segments import check_segment_ids
 
 # The bounds of a head without a window: far outside any i - j of int32 ids.
 UNBOUNDED = 2 ** 30
@@ -48,6 +53,7 @@ class Structure:
   windows: bool  # per-head lows/highs given
   positions: bool  # windows on position ids (else on token indices)
   sink: bool  # with windows: keys at id 0 always visible
+  segments: bool = False  # q and k segment ids given (packed documents)
 
 
 def head_scalars(num_heads: int, slopes, windows: Optional[WindowBias]):
@@ -71,6 +77,14 @@ def row_values(difference: Optional[DifferenceBias], b: int, h: int, t_q: int, t
   return jnp.broadcast_to(q, (b, h, t_q)), jnp.broadcast_to(k, (b, h, t_k))
 
 
+def row_segments(segment_ids, b: int, t_q: int, t_k: int):
+  """int32 (q ids `[B, T_q]`, kv ids `[B, T_k]`) of the call's segment ids
+  (checked, `segments.check_segment_ids`), or (None, None)."""
+  if segment_ids is None:
+    return None, None
+  return check_segment_ids(*segment_ids, b, t_q, t_k)
+
+
 def row_positions(windows: Optional[WindowBias], b: int, t_q: int, t_k: int):
   """int32 (q ids `[B, T_q]`, k ids `[B, T_k]`) for windows on position ids,
   or (None, None) for windows on token indices or no windows."""
@@ -81,7 +95,7 @@ def row_positions(windows: Optional[WindowBias], b: int, t_q: int, t_k: int):
 
 
 def tile(s, q_idx, k_idx, kv_len, st: Structure, *, slope=None, qv=None, kv=None,
-         q_pos=None, k_pos=None, low=None, high=None):
+         q_pos=None, k_pos=None, low=None, high=None, q_seg=None, k_seg=None):
   """One tile's scores with the bias added, masked, and its keep-mask.
 
   Args:
@@ -93,6 +107,7 @@ def tile(s, q_idx, k_idx, kv_len, st: Structure, *, slope=None, qv=None, kv=None
     qv, kv: float32 `[bq, 1]` and `[1, bk]` (with `st.difference`).
     q_pos, k_pos: int32 `[bq, 1]` and `[1, bk]` (with `st.positions`).
     low, high: int32 scalars (with `st.windows`).
+    q_seg, k_seg: int32 `[bq, 1]` and `[1, bk]` (with `st.segments`).
 
   Returns:
     (scores float32 `[bq, bk]`, MASK_VALUE where not kept; keep bool `[bq, bk]`).
@@ -113,6 +128,8 @@ def tile(s, q_idx, k_idx, kv_len, st: Structure, *, slope=None, qv=None, kv=None
     if st.sink:
       inside = inside | ((k_pos if st.positions else k_idx) == 0)
     keep = keep & inside
+  if st.segments:
+    keep = keep & (q_seg == k_seg)
   return jnp.where(keep, s, MASK_VALUE), keep
 
 
@@ -165,12 +182,12 @@ def kernel_run(attention, name: str):
   """The `dispatch.KERNELS` run function of a Pallas kernel `attention(q, k,
   v, *, causal, kv_lengths, window, alibi_slopes, difference, windows)`:
   structure, and of the score specs one each of `LinearBias`,
-  `DifferenceBias` and `WindowBias`, all built in the kernel; softmax; no
-  dense mask or bias, no weights (the dispatcher sends nothing else).
-  -> (out `[B, T_q, H, D_v]`, None)."""
+  `DifferenceBias` and `WindowBias`, all built in the kernel; segment ids;
+  softmax; no dense mask or bias, no weights (the dispatcher sends nothing
+  else). -> (out `[B, T_q, H, D_v]`, None)."""
 
   def run(q, k, v, *, mask, scores, causal, window, kv_lengths, return_weights,
-          normalization=None, **unused_options):
+          normalization=None, segment_ids=None, **unused_options):
     del unused_options  # other kernels' options (chunk sizes)
     if mask is not None or return_weights or normalization is not None:
       raise ValueError(f'{name} takes no dense mask, forms no weights and runs softmax '
@@ -179,7 +196,7 @@ def kernel_run(attention, name: str):
         scores, (LinearBias, DifferenceBias, WindowBias), name)
     out = attention(q, k, v, causal=causal, kv_lengths=kv_lengths, window=window,
                     alibi_slopes=None if linear is None else linear.slopes,
-                    difference=difference, windows=windows)
+                    difference=difference, windows=windows, segment_ids=segment_ids)
     return out, None
 
   run.__name__, run.__module__ = name, attention.__module__

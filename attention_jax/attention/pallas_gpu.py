@@ -80,14 +80,15 @@ def query_blocks(k_start, bk: int, bq: int, n_q: int, kv_len, st: pb.Structure):
 
 
 def _n_side(st):
-  return 2 * st.difference + 2 * st.positions
+  return 2 * st.difference + 2 * st.positions + 2 * st.segments
 
 
 def _rows(st, side, start, size, query: bool):
   """A block's entries for `pb.tile` from the full-length side refs
-  (q_values, k_values, q ids, k ids, as present): the query side's as
-  `[size, 1]`, or the key side's as `[1, size]`."""
-  names = (('qv', 'kv') if st.difference else ()) + (('q_pos', 'k_pos') if st.positions else ())
+  (q_values, k_values, q ids, k ids, q and k segment ids, as present): the
+  query side's as `[size, 1]`, or the key side's as `[1, size]`."""
+  names = ((('qv', 'kv') if st.difference else ()) + (('q_pos', 'k_pos') if st.positions else ())
+           + (('q_seg', 'k_seg') if st.segments else ()))
   out = {}
   for name, ref in zip(names, side):
     if name.startswith('q') == query:
@@ -216,6 +217,8 @@ def _specs(st, group, q, k, v, *rows):
     specs += [per_head(t_q), per_head(t_k)]
   if st.positions:
     specs += [per_example(t_q), per_example(t_k)]
+  if st.segments:
+    specs += [per_example(t_q), per_example(t_k)]
   return specs
 
 
@@ -302,7 +305,7 @@ def pallas_gpu_attention(
     q, k, v, *, causal: bool = False, kv_lengths=None, window: Optional[int] = None,
     alibi_slopes=None, difference: Optional[DifferenceBias] = None,
     windows: Optional[WindowBias] = None, interpret: bool = False, block_q: int = 64,
-    block_k: int = 64):
+    block_k: int = 64, segment_ids=None):
   """Exact attention with the bias built in the kernel (module docstring).
 
   Args:
@@ -318,6 +321,9 @@ def pallas_gpu_attention(
     interpret: run in Pallas' interpret mode (CPU tests).
     block_q, block_k: query and key rows per tile, powers of two >= 16
       (shorter sequences take one block of their length rounded up).
+    segment_ids: optional int (q ids `[B, T_q]`, kv ids `[B, T_k]`): query i
+      keeps key j only where they are equal (packed documents), masked per
+      tile.
 
   Returns:
     out `[B, T_q, H, D_v]` in the dtype of v.
@@ -328,10 +334,12 @@ def pallas_gpu_attention(
                      f'H={h} query heads.')
   blocks = (_block('block_q', block_q, t_q), _block('block_k', block_k, t_k))
   q_ids, k_ids = pb.row_positions(windows, b, t_q, t_k)
+  q_seg, k_seg = pb.row_segments(segment_ids, b, t_q, t_k)
   st = pb.Structure(scale=d ** -0.5, causal=causal, window=window, t_k=t_k,
                     alibi=alibi_slopes is not None, difference=difference is not None,
                     windows=windows is not None, positions=q_ids is not None,
-                    sink=bool(windows is not None and windows.sink))
+                    sink=bool(windows is not None and windows.sink),
+                    segments=q_seg is not None)
   slopes, lows, highs = pb.head_scalars(h, alibi_slopes, windows)
   kv_len = (jnp.full((b,), t_k, jnp.int32) if kv_lengths is None
             else jnp.asarray(kv_lengths, jnp.int32))
@@ -345,6 +353,8 @@ def pallas_gpu_attention(
     side += [pb.pad_length(qv, 2, blocks[0]), pb.pad_length(kv, 2, blocks[1])]
   if st.positions:
     side += [pb.pad_length(q_ids, 1, blocks[0]), pb.pad_length(k_ids, 1, blocks[1])]
+  if st.segments:
+    side += [pb.pad_length(q_seg, 1, blocks[0]), pb.pad_length(k_seg, 1, blocks[1])]
   out = _flash(st, h // h_kv, blocks, interpret, (slopes, lows, highs, kv_len), qp, kp, vp,
                tuple(side))
   return out[:, :t_q, :, :v.shape[3]]

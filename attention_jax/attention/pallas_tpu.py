@@ -49,15 +49,16 @@ def _dot(a, b, dims=(((1,), (0,)), ((), ()))):
 
 def _operands(st, q_rows, k_rows):
   """The BlockSpecs of the optional side inputs, in the order `_tile` reads
-  them: (q_values, k_values) then (q ids, k ids). q_rows / k_rows map a grid
-  index to (query block, key block)."""
+  them: (q_values, k_values), (q ids, k ids), then (q and k segment ids).
+  q_rows / k_rows map a grid index to (query block, key block)."""
   specs = []
   if st.difference:
     specs += [pl.BlockSpec((None, None, BLOCK, 1), lambda b, h, i, j, *_: (b, h, q_rows(i, j), 0)),
               pl.BlockSpec((None, None, 1, BLOCK), lambda b, h, i, j, *_: (b, h, 0, k_rows(i, j)))]
-  if st.positions:
-    specs += [pl.BlockSpec((None, BLOCK, 1), lambda b, h, i, j, *_: (b, q_rows(i, j), 0)),
-              pl.BlockSpec((None, 1, BLOCK), lambda b, h, i, j, *_: (b, 0, k_rows(i, j)))]
+  for present in (st.positions, st.segments):
+    if present:
+      specs += [pl.BlockSpec((None, BLOCK, 1), lambda b, h, i, j, *_: (b, q_rows(i, j), 0)),
+                pl.BlockSpec((None, 1, BLOCK), lambda b, h, i, j, *_: (b, 0, k_rows(i, j)))]
   return specs
 
 
@@ -68,11 +69,13 @@ def _side(st, refs):
     out['qv'], out['kv'] = refs.pop(0)[...], refs.pop(0)[...]
   if st.positions:
     out['q_pos'], out['k_pos'] = refs.pop(0)[...], refs.pop(0)[...]
+  if st.segments:
+    out['q_seg'], out['k_seg'] = refs.pop(0)[...], refs.pop(0)[...]
   return out
 
 
 def _n_side(st):
-  return 2 * st.difference + 2 * st.positions
+  return 2 * st.difference + 2 * st.positions + 2 * st.segments
 
 
 def _tile(st, scalars, q, k, i, j, side):
@@ -288,7 +291,7 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 def pallas_tpu_attention(
     q, k, v, *, causal: bool = False, kv_lengths=None, window: Optional[int] = None,
     alibi_slopes=None, difference: Optional[DifferenceBias] = None,
-    windows: Optional[WindowBias] = None, interpret: bool = False):
+    windows: Optional[WindowBias] = None, interpret: bool = False, segment_ids=None):
   """Exact attention with the bias built in the kernel (module docstring).
 
   Args:
@@ -302,6 +305,9 @@ def pallas_tpu_attention(
       adds `q_values[i] - k_values[j]`, with gradients to both.
     windows: optional `WindowBias`: per-head windows on position ids.
     interpret: run in Pallas' TPU interpret mode (CPU tests).
+    segment_ids: optional int (q ids `[B, T_q]`, kv ids `[B, T_k]`): query i
+      keeps key j only where they are equal (packed documents), masked per
+      tile (a tile of documents that do not meet is computed, not skipped).
 
   Returns:
     out `[B, T_q, H, D_v]` in the dtype of v.
@@ -311,10 +317,12 @@ def pallas_tpu_attention(
     raise ValueError(f'pallas_tpu_attention: H_kv={h_kv} key/value heads must divide '
                      f'H={h} query heads.')
   q_ids, k_ids = pb.row_positions(windows, b, t_q, t_k)
+  q_seg, k_seg = pb.row_segments(segment_ids, b, t_q, t_k)
   st = pb.Structure(scale=d ** -0.5, causal=causal, window=window, t_k=t_k,
                     alibi=alibi_slopes is not None, difference=difference is not None,
                     windows=windows is not None, positions=q_ids is not None,
-                    sink=bool(windows is not None and windows.sink))
+                    sink=bool(windows is not None and windows.sink),
+                    segments=q_seg is not None)
   slopes, lows, highs = pb.head_scalars(h, alibi_slopes, windows)
   kv_len = (jnp.full((b,), t_k, jnp.int32) if kv_lengths is None
             else jnp.asarray(kv_lengths, jnp.int32))
@@ -326,6 +334,8 @@ def pallas_tpu_attention(
     side += [pb.pad_length(qv[..., None], 2, BLOCK), pb.pad_length(kv[:, :, None], 3, BLOCK)]
   if st.positions:
     side += [pb.pad_length(q_ids[..., None], 1, BLOCK), pb.pad_length(k_ids[:, None], 2, BLOCK)]
+  if st.segments:
+    side += [pb.pad_length(q_seg[..., None], 1, BLOCK), pb.pad_length(k_seg[:, None], 2, BLOCK)]
   out = _flash(st, h // h_kv, interpret, (slopes, lows, highs, kv_len), qh, kh, vh,
                tuple(side))
   return jnp.swapaxes(out[:, :, :t_q], 1, 2)

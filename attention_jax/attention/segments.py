@@ -37,7 +37,9 @@ PADDED_QUERY, PADDED_KEY = -1, -2
 
 
 def _check_one(name: str, ids, b: int, t: int, length: str) -> jnp.ndarray:
-  shape, dtype = np.shape(ids), getattr(ids, 'dtype', np.asarray(ids).dtype)
+  if not hasattr(ids, 'dtype'):  # a list or tuple; arrays and tracers keep theirs
+    ids = np.asarray(ids)
+  shape, dtype = np.shape(ids), ids.dtype
   if not (jnp.issubdtype(dtype, jnp.integer) and not jnp.issubdtype(dtype, jnp.bool_)):
     raise TypeError(f'{name} must be integer [batch, {length}] (one id per token), got '
                     f'dtype {jnp.dtype(dtype).name}.')

@@ -3,15 +3,21 @@ what each document gives alone, in outputs and gradients, on every kernel
 that serves them; padded queries give zeros, never NaN; the refusals name
 the argument, the value and the kernels that serve them."""
 
+import re
+from unittest import mock
+
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest
 from absl.testing import parameterized
+from jax.experimental.pallas import tpu as pltpu
 
 import attention_jax as aj
 from attention_jax.attention import dispatch
+from attention_jax.attention.pallas_gpu import pallas_gpu_attention
+from attention_jax.attention.pallas_tpu import pallas_tpu_attention
 from attention_jax.attention.segments import PADDED_KEY
 from attention_jax.attention.segments import PADDED_QUERY
 from attention_jax.attention.segments import padding_ids
@@ -123,6 +129,13 @@ class PackedEqualsAloneTest(chex.TestCase, parameterized.TestCase):
         out[:, :T - 6].astype(jnp.float32),
         alone(*(x[:, :T - 6] for x in (q, k, v))).astype(jnp.float32), atol=ATOL[dtype])
 
+  @parameterized.parameters('dense', 'chunked_scan')
+  def test_segments_traced_ids_under_jit(self, kernel):
+    q, k, v = _qkv()
+    ids = jnp.asarray(_ids()[None])
+    f = lambda q, k, v, ids: _attend(kernel, causal=True, segment_ids=ids)(q, k, v)
+    chex.assert_trees_all_close(jax.jit(f)(q, k, v, ids), f(q, k, v, ids), atol=1e-6)
+
   def test_segments_padding_ids_are_negative_and_distinct(self):
     q_ids, kv_ids = padding_ids(None, jnp.array([[True, True, False]]))
     np.testing.assert_array_equal(q_ids, [[0, 0, PADDED_QUERY]])
@@ -149,6 +162,91 @@ class PackedEqualsAloneTest(chex.TestCase, parameterized.TestCase):
       chex.assert_trees_all_close([g[:, start:start + length] for g in grads],
                                   list(_grads(alone, *doc)), atol=1e-5)
       start += length
+
+
+def _pallas(name, **call):
+  """Our Pallas kernel `name` in interpret mode, small tiles (several per row)."""
+  if name == 'pallas_gpu':
+    return lambda q, k, v: pallas_gpu_attention(q, k, v, interpret=True, block_q=16,
+                                                block_k=16, **call)
+  return lambda q, k, v: pallas_tpu_attention(q, k, v, interpret=True, **call)
+
+
+class PallasSegmentsTest(chex.TestCase, parameterized.TestCase):
+  """Our Pallas kernels build the segment mask per tile (interpret mode)."""
+
+  @parameterized.product(name=('pallas_gpu', 'pallas_tpu'), causal=(True, False))
+  def test_segments_pallas_packed_row_equals_each_document_alone(self, name, causal):
+    q, k, v = _qkv(h_kv=1)
+    f = _pallas(name, causal=causal, segment_ids=(_ids()[None],) * 2)
+    alone = _attend('dense', causal=causal)
+    out, grads, start = f(q, k, v), _grads(f, q, k, v), 0
+    for length in LENGTHS:
+      doc = [x[:, start:start + length] for x in (q, k, v)]
+      chex.assert_trees_all_close(out[:, start:start + length], alone(*doc), atol=1e-5)
+      chex.assert_trees_all_close([g[:, start:start + length] for g in grads],
+                                  list(_grads(alone, *doc)), atol=1e-5)
+      start += length
+
+  @parameterized.parameters(('pallas_gpu', 'float16'), ('pallas_gpu', 'bfloat16'),
+                            ('pallas_tpu', 'bfloat16'))
+  def test_segments_pallas_padding_and_interleaved_ids_in_half_precision(self, name, dtype):
+    ids = jnp.asarray(np.stack([_ids(), np.arange(T) % 3]), jnp.int32)
+    q_ids, kv_ids = padding_ids(ids, jnp.asarray(np.arange(T) < T - 4)[None].repeat(2, 0))
+    q, k, v = _qkv(b=2, dtype=jnp.dtype(dtype))
+    f = _pallas(name, causal=True, segment_ids=(q_ids, kv_ids))
+    ref = _attend('dense', causal=True, mask=aj.segment_mask(q_ids, kv_ids))
+    out, grads = f(q, k, v), _grads(f, q, k, v)
+    self.assertTrue(all(bool(jnp.isfinite(g).all()) for g in (out, *grads)))
+    np.testing.assert_array_equal(np.asarray(out[:, T - 4:], np.float32), 0.0)
+    f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+    chex.assert_trees_all_close(out.astype(jnp.float32), ref(*f32), atol=ATOL[dtype])
+    chex.assert_trees_all_close([g.astype(jnp.float32) for g in grads],
+                                list(_grads(ref, *f32)), atol=5 * ATOL[dtype])
+
+  def test_segments_auto_takes_pallas_tpu_not_splash_on_a_tpu(self):
+    q, k, v = _qkv()
+    ids = jnp.asarray(_ids()[None])
+    with mock.patch.object(dispatch, 'current_backend', lambda: 'tpu'):
+      request = dispatch.Request(t_k=T, dtype=q.dtype, head_dim=D, causal=True,
+                                 segment_ids=True)
+      self.assertEqual(dispatch.select_implementation('auto', request), 'pallas_tpu')
+      with pltpu.force_tpu_interpret_mode():
+        got = aj.scaled_dot_product_attention(q, k, v, causal=True, segment_ids=ids)
+    chex.assert_trees_all_close(got, _attend('dense', causal=True, segment_ids=ids)(q, k, v),
+                                atol=1e-5)
+
+  def test_segments_pallas_gpu_lowers_for_cuda_without_a_t_by_t_array(self):
+    t = 16384
+    x = jax.ShapeDtypeStruct((1, t, 1, 64), jnp.bfloat16)
+    ids = jax.ShapeDtypeStruct((1, t), jnp.int32)
+    loss = lambda q, k, v, ids: jnp.sum(pallas_gpu_attention(
+        q, k, v, causal=True, segment_ids=(ids, ids)).astype(jnp.float32))
+    exported = jax.export.export(
+        jax.jit(jax.grad(loss, argnums=(0, 1, 2))), platforms=('cuda',),
+        disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(
+            '__gpu$xla.gpu.triton')])(x, x, x, ids)
+    module = exported.mlir_module()
+    self.assertEqual(module.count('@__gpu$xla.gpu.triton'), 3)
+    self.assertEqual(max(_tensor_sizes(module)), t * 64)
+
+  def test_segments_pallas_tpu_lowers_for_tpu_without_a_t_by_t_array(self):
+    t = 16384
+    x = jax.ShapeDtypeStruct((1, t, 1, 128), jnp.bfloat16)
+    ids = jax.ShapeDtypeStruct((1, t), jnp.int32)
+    loss = lambda q, k, v, ids: jnp.sum(pallas_tpu_attention(
+        q, k, v, causal=True, segment_ids=(ids, ids)).astype(jnp.float32))
+    exported = jax.export.export(jax.jit(jax.grad(loss, argnums=(0, 1, 2))),
+                                 platforms=('tpu',))(x, x, x, ids)
+    module = exported.mlir_module()
+    self.assertEqual(module.count('tpu_custom_call'), 3)
+    self.assertLessEqual(max(_tensor_sizes(module)), t * 128)
+
+
+def _tensor_sizes(module: str):
+  """The element counts of every ranked tensor type in an MLIR module."""
+  dims = re.findall(r'tensor<((?:\d+x)+)\w+>', module)
+  return [int(np.prod([int(n) for n in d.rstrip('x').split('x')])) for d in dims]
 
 
 class SegmentRefusalTest(parameterized.TestCase):
@@ -179,7 +277,7 @@ class SegmentRefusalTest(parameterized.TestCase):
                                segment_ids=True)
     found = dispatch.obstacles(name, request, backend='tpu' if name != 'cudnn' else 'gpu')
     self.assertEqual(found, ["segment_ids= (packed documents: it builds no segment mask; "
-                             "'chunked', 'dense' serve them)"])
+                             "'pallas_tpu', 'pallas_gpu', 'chunked', 'dense' serve them)"])
 
   def test_segments_stick_breaking_on_chunked_is_refused_with_the_reason(self):
     q, k, v = _qkv()
