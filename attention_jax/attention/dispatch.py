@@ -17,7 +17,8 @@ its `accepts`.
   softmax only; windows causal only; a mask or bias of full T_q × T_k, with
   even lengths; D_v == D.
 * 'splash'  (`splash.py`): JAX's Pallas splash attention, TPU only; structure
-  only (causal, window, kv_lengths); softmax; lengths multiples of 128.
+  only (causal, window, kv_lengths, segment ids: its `SegmentIds`); softmax;
+  lengths multiples of 128.
 * 'pallas_tpu' (`pallas_tpu.py`), 'pallas_gpu' (`pallas_gpu.py`): ours,
   Pallas on Mosaic (TPU) and on Triton (GPU); FlashAttention-2 with the
   biases built in the kernel from their specs (ALiBi's slopes, difference
@@ -36,10 +37,11 @@ its `accepts`.
 * 'dense'   (`dense.py`): any mask and bias, segment ids, softmax and
   stick-breaking, returns the weights; O(T²) memory.
 Segment ids (packed documents, `segments.py`) are served by the rows that
-declare them (`Kernel.segment_ids`): 'dense', 'chunked', 'pallas_tpu' and
-'pallas_gpu' (softmax; 'dense' also stick-breaking). cuDNN through jax.nn
-has none (its packed layout, q_offsets/kv_offsets, is private to
-`jax._src.cudnn`); 'splash' and 'tpu_flash' are not wired for them.
+declare them (`Kernel.segment_ids`): 'splash', 'pallas_tpu', 'pallas_gpu',
+'chunked' and 'dense' (softmax; 'dense' also stick-breaking). cuDNN through
+jax.nn has none (its packed layout, q_offsets/kv_offsets, is private to
+`jax._src.cudnn`); 'tpu_flash' (JAX's older flash kernel) is not wired for
+them.
 On CPU 'auto' never picks jax.nn's XLA path, whose backward is
 pathologically slow there.
 
@@ -100,7 +102,8 @@ KERNELS = {
                     bias_length_multiple=2, materialises=True),
     'splash': Kernel(splash_kernel, weights=False, dense_mask=False,
                      dtypes=('float32', 'bfloat16'), backends=('tpu',),
-                     length_multiple=LENGTH_MULTIPLE, partitionable=False),
+                     length_multiple=LENGTH_MULTIPLE, partitionable=False,
+                     segment_ids=('softmax',)),
     'pallas_tpu': Kernel(pallas_tpu_kernel, weights=False, dense_mask=False,
                          accepts=COMPACT_SPECS, dtypes=('float32', 'bfloat16'),
                          backends=('tpu',), partitionable=False, segment_ids=('softmax',)),

@@ -5,8 +5,10 @@ Splash takes its mask as a static structure (a `Mask` object of NumPy
 masks, processed into per-tile tables when the kernel object is built, at
 trace time) and skips the tiles it leaves empty. So it serves structure
 only: causal, a sliding window (causal: left only; else `|i - j| < window`),
-key padding (as segment ids), grouped-query attention (its MHA kernel reads
-head `h // (H / H_kv)`); softmax, no bias, no dense mask, no weights. Both
+key padding (as segment ids), the call's segment ids (its `SegmentIds`, with
+padded keys given an id no query has), grouped-query attention (its MHA
+kernel reads head `h // (H / H_kv)`); softmax, no bias, no dense mask, no
+weights. Both
 lengths must be multiples of `LENGTH_MULTIPLE` (a tile is 128 rows at
 least).
 
@@ -69,6 +71,36 @@ def kv_segments(kv_lengths, b: int, t_q: int, t_k: int):
           (jnp.arange(t_k)[None, :] < lengths).astype(jnp.int32))
 
 
+# The id of a padded key when the call also has segment ids: no query's
+# (real ids are >= 0, `segments.PADDED_QUERY` is -1).
+_NO_QUERY = int(jnp.iinfo(jnp.int32).min)
+
+
+def segment_rows_with_keys(q_ids, kv_ids, *, causal: bool, window: Optional[int],
+                           kv_lengths) -> jnp.ndarray:
+  """Boolean `[B, T_q]`: which queries have a key of their own segment to
+  attend, exactly, one block of `LENGTH_MULTIPLE` queries at a time (the
+  ids' comparisons are O(T_q · T_k), never stored at once). Splash averages
+  the masked keys of an empty row; dense.py gives it zeros."""
+  (b, t_q), t_k = q_ids.shape, kv_ids.shape[1]
+  keys = jnp.arange(t_k)[None, None, :]
+  limit = (jnp.full((b,), t_k, jnp.int32) if kv_lengths is None
+           else jnp.asarray(kv_lengths, jnp.int32))[:, None, None]
+
+  def block(start):
+    q = jax.lax.dynamic_slice_in_dim(q_ids, start, LENGTH_MULTIPLE, axis=1)
+    i = start + jnp.arange(LENGTH_MULTIPLE)[None, :, None]
+    keep = (q[:, :, None] == kv_ids[:, None, :]) & (keys < limit)
+    if causal:
+      keep = keep & (keys <= i)
+    if window is not None:
+      keep = keep & (jnp.abs(i - keys) < window)
+    return keep.any(-1)
+
+  found = jax.lax.map(block, jnp.arange(0, t_q, LENGTH_MULTIPLE))  # [n, B, 128]
+  return jnp.moveaxis(found, 0, 1).reshape(b, t_q)
+
+
 def rows_with_keys(b: int, t_q: int, t_k: int, *, causal: bool, window: Optional[int],
                    kv_lengths) -> Optional[jnp.ndarray]:
   """Boolean `[B, T_q]`: which queries have at least one key to attend (None:
@@ -116,8 +148,9 @@ def _splash(t_q: int, t_k: int, heads: int, causal: bool, window: Optional[int],
 
 def splash_kernel(q, k, v, *, mask, scores, causal, window, kv_lengths, return_weights,
                   normalization=None, q_slots=None, interpret: bool = False,
-                  block_size: Optional[int] = None, **unused_options):
-  """The 'splash' row of `dispatch.KERNELS`: structure only (module
+                  block_size: Optional[int] = None, segment_ids=None, **unused_options):
+  """The 'splash' row of `dispatch.KERNELS`: structure only, and segment
+  ids (int32 (q ids `[B, T_q]`, kv ids `[B, T_k]`) or None; module
   docstring); the dispatcher sends nothing else. `interpret`: run in Pallas'
   generic interpreter (CPU tests); `block_size`: the query and key tile
   (default: `block_for`). -> (out `[B, T_q, H, D_v]` in v's dtype, None)."""
@@ -134,12 +167,22 @@ def splash_kernel(q, k, v, *, mask, scores, causal, window, kv_lengths, return_w
   heads_first = lambda x: jnp.transpose(x, (0, 2, 1, 3))  # [B, H, T, D]
   q_scaled = (q * (1.0 / math.sqrt(d))).astype(q.dtype)
   args = [heads_first(q_scaled), heads_first(k), heads_first(v)]
-  segments = kv_segments(kv_lengths, b, t_q, t_k)
+  if segment_ids is None:
+    segments = kv_segments(kv_lengths, b, t_q, t_k)
+    has_key = rows_with_keys(b, t_q, t_k, causal=causal, window=window,
+                             kv_lengths=kv_lengths)
+  else:
+    q_ids, kv_ids = segment_ids
+    if kv_lengths is not None:
+      padded = jnp.arange(t_k)[None, :] >= jnp.asarray(kv_lengths, jnp.int32)[:, None]
+      kv_ids = jnp.where(padded, _NO_QUERY, kv_ids)
+    segments = (q_ids, kv_ids)
+    has_key = segment_rows_with_keys(q_ids, kv_ids, causal=causal, window=window,
+                                     kv_lengths=kv_lengths)
   if segments is None:
     out = jax.vmap(kernel)(*args)
   else:
     out = jax.vmap(lambda q, k, v, qs, ks: kernel(q, k, v, segment_ids=sk.SegmentIds(qs, ks)))(
         *args, *segments)
   out = heads_first(out).astype(v.dtype)
-  has_key = rows_with_keys(b, t_q, t_k, causal=causal, window=window, kv_lengths=kv_lengths)
   return zero_empty_rows(out, has_key), None

@@ -18,6 +18,7 @@ import attention_jax as aj
 from attention_jax.attention import dispatch
 from attention_jax.attention.pallas_gpu import pallas_gpu_attention
 from attention_jax.attention.pallas_tpu import pallas_tpu_attention
+from attention_jax.attention.splash import splash_kernel
 from attention_jax.attention.segments import PADDED_KEY
 from attention_jax.attention.segments import PADDED_QUERY
 from attention_jax.attention.segments import padding_ids
@@ -204,7 +205,7 @@ class PallasSegmentsTest(chex.TestCase, parameterized.TestCase):
     chex.assert_trees_all_close([g.astype(jnp.float32) for g in grads],
                                 list(_grads(ref, *f32)), atol=5 * ATOL[dtype])
 
-  def test_segments_auto_takes_pallas_tpu_not_splash_on_a_tpu(self):
+  def test_segments_auto_on_a_tpu_takes_pallas_tpu_below_splash_lengths(self):
     q, k, v = _qkv()
     ids = jnp.asarray(_ids()[None])
     with mock.patch.object(dispatch, 'current_backend', lambda: 'tpu'):
@@ -243,6 +244,26 @@ class PallasSegmentsTest(chex.TestCase, parameterized.TestCase):
     self.assertLessEqual(max(_tensor_sizes(module)), t * 128)
 
 
+class SplashSegmentsTest(chex.TestCase):
+  """JAX's splash kernel takes the ids as its `SegmentIds` (interpreted)."""
+
+  def test_segments_splash_with_padding_window_and_lengths_equals_dense(self):
+    t = 256
+    ids = jnp.asarray(np.stack([np.repeat([0, 1, 2], [70, 130, 56]), np.arange(t) % 3]),
+                      jnp.int32)
+    q_ids, kv_ids = padding_ids(ids, jnp.asarray(np.arange(t) < t - 20)[None].repeat(2, 0))
+    call = dict(causal=True, window=100, kv_lengths=jnp.array([t, 150]))
+    q, k, v = _qkv(b=2, t=t, h_kv=1)
+    f = lambda q, k, v: splash_kernel(
+        q, k, v, mask=None, scores=(), return_weights=False, segment_ids=(q_ids, kv_ids),
+        interpret=True, block_size=128, **call)[0]
+    ref = _attend('dense', mask=aj.segment_mask(q_ids, kv_ids), **call)
+    out = f(q, k, v)
+    np.testing.assert_array_equal(np.asarray(out[:, t - 20:]), 0.0)  # padded queries
+    chex.assert_trees_all_close(out, ref(q, k, v), atol=1e-5)
+    chex.assert_trees_all_close(_grads(f, q, k, v), _grads(ref, q, k, v), atol=1e-5)
+
+
 def _tensor_sizes(module: str):
   """The element counts of every ranked tensor type in an MLIR module."""
   dims = re.findall(r'tensor<((?:\d+x)+)\w+>', module)
@@ -271,13 +292,14 @@ class SegmentRefusalTest(parameterized.TestCase):
       aj.scaled_dot_product_attention(q[:, :12], k, v,
                                       segment_ids=jnp.zeros((1, 12), jnp.int32))
 
-  @parameterized.parameters('splash', 'tpu_flash', 'cudnn')
+  @parameterized.parameters('tpu_flash', 'cudnn')
   def test_segments_a_kernel_that_cannot_serve_them_is_named(self, name):
     request = dispatch.Request(t_k=1024, dtype=jnp.bfloat16, head_dim=128,
                                segment_ids=True)
     found = dispatch.obstacles(name, request, backend='tpu' if name != 'cudnn' else 'gpu')
     self.assertEqual(found, ["segment_ids= (packed documents: it builds no segment mask; "
-                             "'pallas_tpu', 'pallas_gpu', 'chunked', 'dense' serve them)"])
+                             "'splash', 'pallas_tpu', 'pallas_gpu', 'chunked', 'dense' "
+                             "serve them)"])
 
   def test_segments_stick_breaking_on_chunked_is_refused_with_the_reason(self):
     q, k, v = _qkv()
