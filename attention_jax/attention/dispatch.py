@@ -298,7 +298,7 @@ def scaled_dot_product_attention(
       query i attends key j only where the ids are equal, besides every
       other mask (`segments.py`: conventions, padding). Also the keys' ids
       when `kv_segment_ids` is None (self-attention, T_q == T_k). Served by
-      the rows with `segment_ids` ('dense', 'chunked'; module docstring).
+      the rows that declare `segment_ids` (module docstring).
     kv_segment_ids: int `[B, T_k]`, the keys' ids (cross-attention, or
       different ids on the two sides, as for padding); needs segment_ids.
 

@@ -250,8 +250,7 @@ class TransformerLM(nnx.Module):
         raise ValueError(f'padding_mask has shape {np.shape(padding_mask)}; it must be '
                          f'[batch, length] like tokens, {tokens.shape}.')
       return padding_ids(segment_ids, padding_mask)
-    ids = check_segment_ids(segment_ids, None, *tokens.shape, tokens.shape[1])
-    return ids
+    return check_segment_ids(segment_ids, None, *tokens.shape, tokens.shape[1])
 
   def init_cache(self, batch_size: int, cache_size: int, dtype=jnp.float32) -> list:
     """One empty key/value cache per block, for `extend`; with Abacus
