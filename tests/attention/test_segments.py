@@ -264,6 +264,26 @@ class SplashSegmentsTest(chex.TestCase):
     chex.assert_trees_all_close(_grads(f, q, k, v), _grads(ref, q, k, v), atol=1e-5)
 
 
+class PerDeviceSegmentsTest(parameterized.TestCase):
+
+  def test_segments_split_with_the_batch_when_a_pallas_kernel_runs_per_device(self):
+    # Under a mesh of 2 a Pallas kernel runs once per device on its half of
+    # the batch (partition.py): the ids must be split with q, k and v.
+    mesh = jax.sharding.AbstractMesh((2,), ('data',),
+                                     axis_types=(jax.sharding.AxisType.Auto,))
+    x = jax.ShapeDtypeStruct((4, 256, 2, 128), jnp.bfloat16)
+    ids = jax.ShapeDtypeStruct((4, 256), jnp.int32)
+    f = lambda q, k, v, ids: aj.scaled_dot_product_attention(
+        q, k, v, causal=True, segment_ids=ids, implementation='pallas_tpu')
+    with mock.patch.object(dispatch, 'current_backend', lambda: 'tpu'), \
+        jax.sharding.use_abstract_mesh(mesh):
+      exported = jax.export.export(jax.jit(f), platforms=('tpu',))(x, x, x, ids)
+    module = exported.mlir_module()
+    self.assertIn('tpu_custom_call', module)
+    # Inside the per-device program, the ids are [B / 2, T].
+    self.assertIn('tensor<2x256xi32>', module)
+
+
 def _tensor_sizes(module: str):
   """The element counts of every ranked tensor type in an MLIR module."""
   dims = re.findall(r'tensor<((?:\d+x)+)\w+>', module)
