@@ -6,7 +6,8 @@ seeds; any task of `attention_jax.lab.tasks.SPECS` runs under it.
 
 Writes settings/…/*.json (one per task × encoding × learning rate),
 results.csv, summary.md and chomsky.png into --workdir. Re-running the same
-command skips finished settings. See configs/chomsky.py for presets,
+command skips finished settings and resumes a group in training from its
+checkpoint; on a cluster, a job array shares the work (`study.shard`). See configs/chomsky.py for presets,
 expected results and runtime.
 """
 
@@ -26,7 +27,9 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   with entry_point(_CONFIG.value):
-    run_suite(_CONFIG.value, _WORKDIR.value)
+    records = run_suite(_CONFIG.value, _WORKDIR.value)
+  if records is None:  # a shard whose siblings are still training
+    return
   print(open(f'{_WORKDIR.value}/summary.md').read())
   print(f'Figure: {_WORKDIR.value}/chomsky.png')
 

@@ -22,7 +22,7 @@ from absl import flags
 from attention_jax.lab import workdirs
 from attention_jax.lab.runtime import USAGE_ERROR
 from attention_jax.lab.runtime import parse_flags
-from attention_jax.lab.validate import ConfigError
+from attention_jax.lab.errors import ConfigError
 
 _WORKDIRS = flags.DEFINE_multi_string('workdir', None, 'Workdir(s) to read.', required=True)
 _OUT = flags.DEFINE_string('out', None, 'Where to write the figures.')

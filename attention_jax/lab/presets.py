@@ -17,7 +17,7 @@ from ml_collections import config_flags
 
 from attention_jax.lab.runtime import CONFIG_ARGV
 from attention_jax.lab.runtime import USAGE_ERROR
-from attention_jax.lab.validate import ConfigError
+from attention_jax.lab.errors import ConfigError
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # attention_jax/
 

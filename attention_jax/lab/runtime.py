@@ -23,7 +23,7 @@ from absl import flags
 
 from attention_jax.lab.train.interrupt import TrainingInterrupted
 from attention_jax.lab.train.interrupt import stop_requests
-from attention_jax.lab.validate import ConfigError
+from attention_jax.lab.errors import ConfigError
 from attention_jax.lab.workdir_checks import check_workdir
 from attention_jax.lab.workdir_checks import folders
 from attention_jax.lab.workdir_checks import remove_partial

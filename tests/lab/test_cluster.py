@@ -28,7 +28,7 @@ from attention_jax.lab.study import shared_optimizer
 from attention_jax.lab.train import loop
 from attention_jax.lab.train.interrupt import TIME_BUDGET
 from attention_jax.lab.train.interrupt import TrainingInterrupted
-from attention_jax.lab.validate import ConfigError
+from attention_jax.lab.errors import ConfigError
 from attention_jax.lab.validate import validate_config
 from configs import copy as copy_config
 

@@ -25,7 +25,7 @@ from absl.testing import parameterized
 from attention_jax.lab import presets
 from attention_jax.lab import runtime
 from attention_jax.lab.train.interrupt import TrainingInterrupted
-from attention_jax.lab.validate import ConfigError
+from attention_jax.lab.errors import ConfigError
 from attention_jax.lab.validate import validate_config
 from configs import copy as copy_config
 

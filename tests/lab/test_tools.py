@@ -25,7 +25,7 @@ from attention_jax.lab.study import run_one
 from attention_jax.lab.study import run_study
 from attention_jax.lab.train.interrupt import TrainingInterrupted
 from attention_jax.lab.train.loop import run_name
-from attention_jax.lab.validate import ConfigError
+from attention_jax.lab.errors import ConfigError
 from configs import copy as copy_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

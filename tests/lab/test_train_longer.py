@@ -34,7 +34,7 @@ from attention_jax.lab.train import loop
 from attention_jax.lab.train.interrupt import TIME_BUDGET
 from attention_jax.lab.train.interrupt import TrainingInterrupted
 from attention_jax.lab.train.optimizer import learning_rate_schedule
-from attention_jax.lab.validate import ConfigError
+from attention_jax.lab.errors import ConfigError
 from configs import copy as copy_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -31,7 +31,7 @@ from attention_jax.lab import train
 from attention_jax.lab.diagnose import run_diagnostics
 from attention_jax.lab.study import run_one
 from attention_jax.lab.study import run_study
-from attention_jax.lab.validate import ConfigError
+from attention_jax.lab.errors import ConfigError
 from attention_jax.lab.validate import validate_config
 from configs import copy as copy_config
 
