@@ -275,6 +275,34 @@ def _process(*args):
                         text=True, timeout=300, env=env)
 
 
+class PresetKindTest(absltest.TestCase):
+  """Every entry point's --config against every packaged preset: a preset of
+  its own kind parses, another entry point's is one line naming both."""
+
+  def test_every_entry_point_with_every_preset(self):
+    defaults = set()
+    for path in sorted((ROOT / 'experiments').glob('*.py')):
+      found = re.search(r"DEFINE_config_file\(\s*'config',\s*'(\w+)'", path.read_text())
+      if found:
+        defaults.add(found.group(1))
+    self.assertEqual(defaults, {'copy', 'seq2seq', 'chomsky'})
+    kinds = {name: presets.kind_of(presets._load(name)) for name in presets.available()}
+    self.assertEqual(kinds, {'addition': 'study', 'copy': 'study', 'seq2seq': 'study',
+                             'chomsky': 'chomsky'})
+    for default in sorted(defaults):
+      for preset, kind in sorted(kinds.items()):
+        flag_values = flags.FlagValues()
+        presets.DEFINE_config_file('config', default, '', flag_values=flag_values)
+        parse = lambda: flag_values['config'].parser.parse(f'{preset}:scale=tiny')
+        if kind == kinds[default]:
+          self.assertEqual(presets.kind_of(parse()), kind)
+          continue
+        line = _exit_line(parse)
+        self.assertRegex(line, rf"^error: --config={preset}:scale=tiny: a '{kind}' config, "
+                               rf"for experiments.* this entry point takes '{kinds[default]}' "
+                               'configs: the presets ')
+
+
 class EntryPointProcessTest(absltest.TestCase):
   """The real commands: parse_flags and entry_point wired in, no libtpu line."""
 
