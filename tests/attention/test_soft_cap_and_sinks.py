@@ -154,14 +154,16 @@ class DispatchTest(parameterized.TestCase):
 
   def test_auto_skips_rows_that_cannot(self):
     self.assertEqual(self._select('auto', backend='gpu'), 'cudnn')
-    self.assertEqual(self._select('auto', backend='gpu', soft_cap=True), 'chunked')
+    self.assertEqual(self._select('auto', backend='gpu', soft_cap=True), 'pallas_gpu')
+    self.assertEqual(self._select('auto', backend='gpu', sinks=True), 'pallas_gpu')
+    self.assertEqual(self._select('auto', backend='tpu', sinks=True, soft_cap=True), 'splash')
     self.assertEqual(self._select('auto', soft_cap=True, sinks=True), 'chunked')
 
   @parameterized.parameters('cudnn', 'tpu_flash')
   def test_rows_without_them_are_refused_with_the_reason(self, name):
     with self.assertRaisesRegex(ValueError, rf"'{name}' cannot serve this call: .*"
-                                r"logit_soft_cap= \(it does not cap the scores; "
-                                r"'chunked', 'dense' serve it\); "
+                                r"logit_soft_cap= \(it does not cap the scores; 'splash', "
+                                r"'pallas_tpu', 'pallas_gpu', 'chunked', 'dense' serve it\); "
                                 r"sinks= \(its softmax has no learned sink logit; "):
       self._select(name, soft_cap=True, sinks=True)
 
