@@ -34,6 +34,10 @@ its `accepts`.
   causal, kv_lengths, no window; softmax; D_v == D; lengths multiples of 128.
 * 'dense'   (`dense.py`): any mask and bias, softmax and stick-breaking,
   returns the weights; O(T²) memory.
+Gemma 2's `logit_soft_cap` and gpt-oss's learned `sinks` (one logit per
+query head in the softmax's denominator): 'splash', 'pallas_tpu',
+'pallas_gpu', 'chunked' and 'dense' serve them (`Kernel.soft_cap`,
+`Kernel.sinks`); 'cudnn' and 'tpu_flash' cannot (JAX's APIs take neither).
 On CPU 'auto' never picks jax.nn's XLA path, whose backward is
 pathologically slow there.
 
