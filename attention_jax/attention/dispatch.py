@@ -338,7 +338,7 @@ def scaled_dot_product_attention(
   if mesh is not None and not kernel.partitionable:  # a custom call: per device
     run = lambda *a, **kw: per_device(kernel.run, mesh, *a, **kw)
   # Only when set: a row that serves neither (a registered one) keeps its signature.
-  logits = dict(({'logit_soft_cap': float(logit_soft_cap)} if logit_soft_cap else {}),
+  logits = dict(({} if logit_soft_cap is None else {'logit_soft_cap': float(logit_soft_cap)}),
                 **({} if sinks is None else {'sinks': sinks}))
   out, weights = run(
       q, k, v, mask=mask, scores=scores,
