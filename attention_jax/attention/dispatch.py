@@ -34,10 +34,12 @@ its `accepts`.
   causal, kv_lengths, no window; softmax; D_v == D; lengths multiples of 128.
 * 'dense'   (`dense.py`): any mask and bias, softmax and stick-breaking,
   returns the weights; O(T²) memory.
+
 Gemma 2's `logit_soft_cap` and gpt-oss's learned `sinks` (one logit per
 query head in the softmax's denominator): 'splash', 'pallas_tpu',
 'pallas_gpu', 'chunked' and 'dense' serve them (`Kernel.soft_cap`,
 `Kernel.sinks`); 'cudnn' and 'tpu_flash' cannot (JAX's APIs take neither).
+
 On CPU 'auto' never picks jax.nn's XLA path, whose backward is
 pathologically slow there.
 
@@ -316,10 +318,10 @@ def scaled_dot_product_attention(
   norm = as_normalization(normalization)
   if norm is not None and (logit_soft_cap is not None or sinks is not None):
     raise ValueError(
-        'logit_soft_cap= and sinks= act on a softmax, not stick-breaking: a sink logit '
-        'has no denominator to join there (the remainder already takes what the keys '
-        'leave), and σ(z) already bounds each share, which no stick-breaking model '
-        f'caps; got normalization={normalization!r}.')
+        'logit_soft_cap= and sinks= act on a softmax, not on stick-breaking: its remainder '
+        'already takes what the keys leave (no denominator for a sink logit to join) and '
+        'σ(z) already bounds each key\'s share (nothing for a cap to tame); got '
+        f'normalization={normalization!r}.')
   if norm is not None and not causal and q_slots is None:
     raise ValueError('stick-breaking attention reads the keys before each query: it needs '
                      'causal=True, or q_slots (each query\'s key index) with a mask.')
@@ -337,9 +339,11 @@ def scaled_dot_product_attention(
   run = kernel.run
   if mesh is not None and not kernel.partitionable:  # a custom call: per device
     run = lambda *a, **kw: per_device(kernel.run, mesh, *a, **kw)
-  # Only when set: a row that serves neither (a registered one) keeps its signature.
-  logits = dict(({} if logit_soft_cap is None else {'logit_soft_cap': float(logit_soft_cap)}),
-                **({} if sinks is None else {'sinks': sinks}))
+  logits = {}  # passed only when set: a row that serves neither keeps its signature
+  if logit_soft_cap is not None:
+    logits['logit_soft_cap'] = float(logit_soft_cap)
+  if sinks is not None:
+    logits['sinks'] = sinks
   out, weights = run(
       q, k, v, mask=mask, scores=scores,
       causal=causal, window=window, kv_lengths=kv_lengths, normalization=norm,
