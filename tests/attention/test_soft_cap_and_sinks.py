@@ -170,7 +170,8 @@ class DispatchTest(parameterized.TestCase):
   def test_stick_breaking_is_refused_with_the_reason(self):
     q = jnp.ones((1, 4, 2, 8))
     for kw in (dict(logit_soft_cap=CAP), dict(sinks=jnp.zeros(2))):
-      with self.assertRaisesRegex(ValueError, 'act on a softmax, not on stick-breaking: its remainder'):
+      with self.assertRaisesRegex(ValueError,
+                                  'act on a softmax, not on stick-breaking: its remainder'):
         aj.scaled_dot_product_attention(q, q, q, causal=True, normalization='stick_breaking',
                                         **kw)
 
