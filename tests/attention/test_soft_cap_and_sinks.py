@@ -91,7 +91,7 @@ class DenseTest(chex.TestCase, parameterized.TestCase):
 
 class ChunkedTest(chex.TestCase, parameterized.TestCase):
 
-  @chex.variants(with_jit=True, without_jit=True)
+  @chex.variants(with_jit=True)
   @parameterized.product(strategy=('scan', 'unrolled'), features=FEATURES, h_kv=(H, 2))
   def test_chunked_equals_dense_in_outputs_and_gradients(self, strategy, features, h_kv):
     cap, sinks = features
