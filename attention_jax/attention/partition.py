@@ -12,8 +12,7 @@ this is exact; it needs the batch to be a multiple of the mesh's size.
 The kernels' own arrays are the ones split: q, k, v, kv_lengths, a dense
 mask, and the array fields of every score spec (a `DenseBias`'s bias, a
 `DifferenceBias`'s values, a `WindowBias`'s ids, any kind's), each when it
-has the batch axis (a size-1 batch axis is shared); the sink logits `[H]`
-go whole to every device.
+has the batch axis (a size-1 batch axis is shared).
 """
 
 import dataclasses
@@ -55,8 +54,6 @@ def per_device(run: Callable, mesh, q, k, v, *, kv_lengths, mask, scores, **opti
   arrays = {n: x for n, x in arrays.items() if x is not None}
   arrays['scores'] = [spec_arrays(s) for s in scores]
   specs = jax.tree.map(lambda x: batch if x.shape[0] == b else P(), arrays)
-  if options.get('sinks') is not None:  # [H], whole on every device
-    arrays['sinks'], specs['sinks'] = options.pop('sinks'), P()
 
   def local(arrays):
     arrays = dict(arrays)
