@@ -3,12 +3,18 @@ kernel against the published formulas, the chunked kernel against the dense
 one in outputs and gradients (the sink logits' too), the dispatcher's
 refusals, and bad arguments."""
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest
 from absl.testing import parameterized
+import pytest
 
 import attention_jax as aj
 from attention_jax.attention import Request
@@ -17,6 +23,7 @@ from attention_jax.attention.chunked import chunked_attention
 
 B, T, H, D = 2, 37, 4, 8  # T not a multiple of the chunks: padding paths run
 SINKS = jnp.array([0.5, -1.0, 2.0, 0.0])
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CAP = 2.0  # small against the scores below, so the cap bends them
 FEATURES = ((CAP, False), (None, True), (CAP, True))  # (logit_soft_cap, sinks on)
 
@@ -174,6 +181,41 @@ class DispatchTest(parameterized.TestCase):
                                   'act on a softmax, not on stick-breaking: its remainder'):
         aj.scaled_dot_product_attention(q, q, q, causal=True, normalization='stick_breaking',
                                         **kw)
+
+
+class MeshTest(absltest.TestCase):
+
+  @pytest.mark.slow
+  def test_sink_gradient_of_a_kernel_run_per_device(self):
+    """On 2 (fake CPU) devices, a row that XLA cannot partition runs per
+    device (`partition.py`); the sink logits' gradient, summed over the
+    devices, equals the one-device gradient."""
+    script = textwrap.dedent('''
+        import dataclasses
+        from unittest import mock
+        import jax, jax.numpy as jnp, numpy as np
+        from attention_jax.attention import dispatch, partition, scaled_dot_product_attention
+        assert jax.device_count() == 2
+        q, k, v = jax.random.normal(jax.random.key(0), (3, 2, 8, 2, 4))
+        loss = lambda s: jnp.sum(jnp.sin(scaled_dot_product_attention(
+            q, k, v, causal=True, implementation='dense', logit_soft_cap=2.0, sinks=s)))
+        s = jnp.array([0.5, -1.0])
+        want, calls = jax.grad(loss)(s), []
+        row = dataclasses.replace(dispatch.KERNELS['dense'], partitionable=False)
+        spy = lambda *a, **kw: calls.append(1) or partition.per_device(*a, **kw)
+        mesh = jax.make_mesh((2,), ('data',), axis_types=(jax.sharding.AxisType.Auto,))
+        with mock.patch.dict(dispatch.KERNELS, {'dense': row}), \\
+            mock.patch.object(dispatch, 'per_device', spy), jax.set_mesh(mesh):
+          got = jax.jit(jax.grad(loss))(s)
+        print('CALLS', len(calls), 'MAXDIFF', float(np.max(np.abs(got - want))))
+        ''')
+    env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=2',
+               JAX_PLATFORMS='cpu', PYTHONPATH=ROOT)
+    out = subprocess.run([sys.executable, '-c', script], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600, check=False)
+    self.assertEqual(out.returncode, 0, out.stderr[-3000:])
+    self.assertEqual(out.stdout.split('CALLS')[1].split()[0], '1')
+    self.assertLessEqual(float(out.stdout.split('MAXDIFF')[1].split()[0]), 1e-6)
 
 
 class ArgumentTest(parameterized.TestCase):
