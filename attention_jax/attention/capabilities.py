@@ -22,7 +22,9 @@ class Kernel:
   None)`, mask rank 4 or None, scores a tuple of score specs (`scores.py`),
   each of a class in `accepts` (the call's `bias=` array is a `DenseBias`
   among them), normalization None (softmax) or a `StickBreaking`, q_slots
-  int `[T_q]` or None (stick-breaking over a cache).
+  int `[T_q]` or None (stick-breaking over a cache); and, only when the
+  call sets them (rows with `soft_cap` / `sinks`), `logit_soft_cap` a
+  positive float and `sinks` float32 `[H]`.
   """
   run: Callable
   weights: bool  # can return the attention weights
@@ -50,6 +52,12 @@ class Kernel:
   # XLA can partition it across a mesh (False: a Pallas custom call, run per
   # device on its share of the batch, `partition.py`).
   partitionable: bool = True
+  # Logit soft-capping (`logit_soft_cap=`, `soft_cap.py`) and learned sink
+  # logits (`sinks=`, `sink_logits.py`), built in by the row; a row that
+  # serves one takes that keyword in its run function (the dispatcher passes
+  # it only when the call sets it).
+  soft_cap: bool = False
+  sinks: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +81,8 @@ class Request:
   gqa: bool = False  # fewer key/value heads than query heads
   score_broadcast: bool = False  # a mask or bias of size 1 along T_q or T_k
   batch: int = 1
+  soft_cap: bool = False  # logit_soft_cap= given
+  sinks: bool = False  # sinks= given
 
 
 def kind_of(spec) -> type:
@@ -102,6 +112,17 @@ def window_obstacle(kernel: Kernel, request: Request) -> Optional[str]:
     return (f'window={request.window} without causal=True (it serves a causal, '
             'left-only window)')
   return None
+
+
+def logit_obstacles(kernel: Kernel, request: Request, servers) -> list[str]:
+  """The call's soft cap and sink logits, where `kernel` does not serve
+  them; `servers(column)` names the rows that do."""
+  found = []
+  if request.soft_cap and not kernel.soft_cap:
+    found.append(f'logit_soft_cap= (it does not cap the scores; {servers("soft_cap")})')
+  if request.sinks and not kernel.sinks:
+    found.append(f'sinks= (its softmax has no learned sink logit; {servers("sinks")})')
+  return found
 
 
 def shape_obstacles(kernel: Kernel, request: Request) -> list[str]:

@@ -34,6 +34,12 @@ its `accepts`.
   causal, kv_lengths, no window; softmax; D_v == D; lengths multiples of 128.
 * 'dense'   (`dense.py`): any mask and bias, softmax and stick-breaking,
   returns the weights; O(T²) memory.
+
+Gemma 2's `logit_soft_cap` and gpt-oss's learned `sinks` (one logit per
+query head in the softmax's denominator): 'splash', 'pallas_tpu',
+'pallas_gpu', 'chunked' and 'dense' serve them (`Kernel.soft_cap`,
+`Kernel.sinks`); 'cudnn' and 'tpu_flash' cannot (JAX's APIs take neither).
+
 On CPU 'auto' never picks jax.nn's XLA path, whose backward is
 pathologically slow there.
 
@@ -48,6 +54,7 @@ import jax.numpy as jnp
 from attention_jax.attention.capabilities import Kernel
 from attention_jax.attention.capabilities import Request
 from attention_jax.attention.capabilities import kind_of
+from attention_jax.attention.capabilities import logit_obstacles
 from attention_jax.attention.capabilities import takes
 from attention_jax.attention.capabilities import shape_obstacles
 from attention_jax.attention.chunked import STRATEGIES
@@ -72,6 +79,8 @@ from attention_jax.attention.scores import ScoreSpec
 from attention_jax.attention.scores import WindowBias
 from attention_jax.attention.scores import as_terms
 from attention_jax.attention.scores import describe
+from attention_jax.attention.sink_logits import check_sinks
+from attention_jax.attention.soft_cap import check_soft_cap
 from attention_jax.attention.splash import LENGTH_MULTIPLE
 from attention_jax.attention.splash import splash_kernel
 from attention_jax.attention.tpu_flash import tpu_flash_kernel
@@ -93,24 +102,26 @@ KERNELS = {
                     bias_length_multiple=2, materialises=True),
     'splash': Kernel(splash_kernel, weights=False, dense_mask=False,
                      dtypes=('float32', 'bfloat16'), backends=('tpu',),
-                     length_multiple=LENGTH_MULTIPLE, partitionable=False),
+                     length_multiple=LENGTH_MULTIPLE, partitionable=False, soft_cap=True,
+                     sinks=True),
     'pallas_tpu': Kernel(pallas_tpu_kernel, weights=False, dense_mask=False,
                          accepts=COMPACT_SPECS, dtypes=('float32', 'bfloat16'),
-                         backends=('tpu',), partitionable=False),
+                         backends=('tpu',), partitionable=False, soft_cap=True, sinks=True),
     'pallas_gpu': Kernel(pallas_gpu_kernel, weights=False, dense_mask=False,
                          accepts=COMPACT_SPECS, dtypes=('float32', 'bfloat16', 'float16'),
-                         backends=('gpu',), partitionable=False),
+                         backends=('gpu',), partitionable=False, soft_cap=True, sinks=True),
     'chunked': Kernel(chunked_kernel, weights=False, dense_mask=False,
                       accepts=frozenset({LinearBias, DifferenceBias}),
                       normalizations=('softmax', 'stick_breaking'),
-                      auto_min_keys=AUTO_CHUNKED_MIN_KEYS),
+                      auto_min_keys=AUTO_CHUNKED_MIN_KEYS, soft_cap=True, sinks=True),
     'tpu_flash': Kernel(tpu_flash_kernel, weights=False, dense_mask=False, accepts=ANY_SPEC,
                         dtypes=('float32', 'bfloat16'), backends=('tpu',),
                         head_dim=((1, 128), (128, None)), value_dim=False, window='none',
                         length_multiple=LENGTH_MULTIPLE, materialises=True,
                         partitionable=False),
     'dense': Kernel(dense_kernel, weights=True, dense_mask=True, accepts=ANY_SPEC,
-                    normalizations=('softmax', 'stick_breaking'), materialises=True),
+                    normalizations=('softmax', 'stick_breaking'), materialises=True,
+                    soft_cap=True, sinks=True),
 }
 # The built-in implementations; `implementations()` adds registered ones.
 IMPLEMENTATIONS = (*KERNELS, 'auto')
@@ -172,6 +183,7 @@ def obstacles(name: str, request: Request, backend: Optional[str] = None) -> lis
   if request.dense_mask and not kernel.dense_mask:
     found.append('a dense mask (give causal=, window= or kv_lengths= instead)')
   found += score_obstacles(kernel, request)
+  found += logit_obstacles(kernel, request, servers)
   if request.normalization not in kernel.normalizations:
     found.append(f'normalization={request.normalization!r} (it serves '
                  f'{", ".join(kernel.normalizations)})')
@@ -185,6 +197,14 @@ def obstacles(name: str, request: Request, backend: Optional[str] = None) -> lis
   if not kernel.partitionable:
     found += filter(None, [batch_obstacle(request.batch, context_mesh())])
   return found
+
+
+def servers(column: str) -> str:
+  """The rows whose capability `column` (a `Kernel` field) is on, for a
+  refusal."""
+  names = [repr(n) for n, k in KERNELS.items() if getattr(k, column)]
+  return (', '.join(names) + (' serves' if len(names) == 1 else ' serve') + ' it' if names
+          else 'no kernel serves it')
 
 
 def takers(kind: type) -> str:
@@ -241,7 +261,8 @@ def scaled_dot_product_attention(
     kv_lengths: Optional[jnp.ndarray] = None, window: Optional[int] = None,
     normalization: Normalization = 'softmax', q_slots: Optional[jnp.ndarray] = None,
     implementation: str = 'auto', return_weights: bool = False,
-    chunk_size: Optional[int] = None, chunked_strategy: str = 'auto'):
+    chunk_size: Optional[int] = None, chunked_strategy: str = 'auto',
+    logit_soft_cap: Optional[float] = None, sinks: Optional[jnp.ndarray] = None):
   """Multi-head attention on the kernel that can serve it (module docstring).
 
   Args:
@@ -268,6 +289,13 @@ def scaled_dot_product_attention(
     chunk_size: query and key block size of the chunked kernel (default:
       `chunked_attention`'s, per strategy).
     chunked_strategy: 'scan' | 'unrolled' | 'auto', see `chunked_attention`.
+    logit_soft_cap: None, or a positive finite c: every score s (scaled, with
+      the biases added) becomes `c · tanh(s / c)` before the mask (Gemma 2;
+      `soft_cap.py`). Softmax only.
+    sinks: None, or float `[H]`: one learned logit per query head joining
+      the softmax's denominator only, so the weights sum to less than 1
+      (gpt-oss; `sink_logits.py`; not `WindowBias(sink=)`'s visible first
+      tokens). Gradients flow to it. Softmax only.
 
   Returns:
     out `[B, T_q, H, D_v]` in the dtype of v, or `(out, weights)` with
@@ -285,7 +313,15 @@ def scaled_dot_product_attention(
             + as_terms(score_bias))
   for term in scores:
     term.check(q.shape[0], q.shape[2], t_q, t_k)
+  check_soft_cap(logit_soft_cap)
+  sinks = check_sinks(sinks, q.shape[2])
   norm = as_normalization(normalization)
+  if norm is not None and (logit_soft_cap is not None or sinks is not None):
+    raise ValueError(
+        'logit_soft_cap= and sinks= act on a softmax, not on stick-breaking: its remainder '
+        'already takes what the keys leave (no denominator for a sink logit to join) and '
+        'σ(z) already bounds each key\'s share (nothing for a cap to tame); got '
+        f'normalization={normalization!r}.')
   if norm is not None and not causal and q_slots is None:
     raise ValueError('stick-breaking attention reads the keys before each query: it needs '
                      'causal=True, or q_slots (each query\'s key index) with a mask.')
@@ -296,15 +332,21 @@ def scaled_dot_product_attention(
                     scores=scores, normalization=name_of(norm),
                     t_q=t_q, v_head_dim=v.shape[-1], causal=causal, window=window,
                     kv_lengths=kv_lengths is not None, gqa=k.shape[2] < q.shape[2],
-                    score_broadcast=broadcast, batch=q.shape[0])
+                    score_broadcast=broadcast, batch=q.shape[0],
+                    soft_cap=logit_soft_cap is not None, sinks=sinks is not None)
   name = select_implementation(implementation, request)
   kernel, mesh = KERNELS[name], context_mesh()
   run = kernel.run
   if mesh is not None and not kernel.partitionable:  # a custom call: per device
     run = lambda *a, **kw: per_device(kernel.run, mesh, *a, **kw)
+  logits = {}  # passed only when set: a row that serves neither keeps its signature
+  if logit_soft_cap is not None:
+    logits['logit_soft_cap'] = float(logit_soft_cap)
+  if sinks is not None:
+    logits['sinks'] = sinks
   out, weights = run(
       q, k, v, mask=mask, scores=scores,
       causal=causal, window=window, kv_lengths=kv_lengths, normalization=norm,
       q_slots=q_slots, return_weights=return_weights, chunk_size=chunk_size,
-      chunked_strategy=chunked_strategy)
+      chunked_strategy=chunked_strategy, **logits)
   return (out, weights) if return_weights else out

@@ -10,7 +10,11 @@ numbers, the same ones the chunked kernel uses (`blocks.py`):
 * a `WindowBias`: `lows[h] <= p_i - p_j <= highs[h]` on position ids (or the
   token indices), or the sink `p_j == 0`; Hard-ALiBi and `windowed_rope` on
   coupled ids;
-* structure: causal, `window` (|i - j| < window) and `kv_lengths`.
+* structure: causal, `window` (|i - j| < window) and `kv_lengths`;
+* Gemma 2's logit soft cap on each tile's scores (a constant), and
+  gpt-oss's sink logits `[H]` (read as a per-head scalar, joined to the
+  running max and normaliser after the last key block; their gradient
+  comes from the row lse outside the kernels, `sink_logits.sink_gradient`).
 
 A `WindowBias` acts as part of the keep-mask here (weight exactly 0), where
 the dense kernel adds MASK_VALUE: the two agree whenever a query has a
@@ -31,6 +35,8 @@ from attention_jax.attention.scores import LinearBias
 from attention_jax.attention.scores import MASK_VALUE
 from attention_jax.attention.scores import WindowBias
 from attention_jax.attention.scores import one_of_each
+from attention_jax.attention.soft_cap import soft_cap
+from attention_jax.attention.soft_cap import soft_cap_slope
 
 # The bounds of a head without a window: far outside any i - j of int32 ids.
 UNBOUNDED = 2 ** 30
@@ -47,7 +53,9 @@ class Structure:
   difference: bool  # q_values and k_values given
   windows: bool  # per-head lows/highs given
   positions: bool  # windows on position ids (else on token indices)
-  sink: bool  # with windows: keys at id 0 always visible
+  sink: bool  # with windows: keys at id 0 always visible (WindowBias(sink=True))
+  cap: Optional[float] = None  # logit soft cap (`soft_cap.py`)
+  sinks: bool = False  # learned sink logits given (`sink_logits.py`)
 
 
 def head_scalars(num_heads: int, slopes, windows: Optional[WindowBias]):
@@ -95,13 +103,15 @@ def tile(s, q_idx, k_idx, kv_len, st: Structure, *, slope=None, qv=None, kv=None
     low, high: int32 scalars (with `st.windows`).
 
   Returns:
-    (scores float32 `[bq, bk]`, MASK_VALUE where not kept; keep bool `[bq, bk]`).
+    (scores float32 `[bq, bk]`, soft-capped with `st.cap`, MASK_VALUE where
+    not kept; keep bool `[bq, bk]`).
   """
   d = q_idx - k_idx
   if st.alibi:
     s = s - slope * d.astype(jnp.float32)
   if st.difference:
     s = s + (qv - kv)
+  s = soft_cap(s, st.cap)
   keep = k_idx < jnp.minimum(kv_len, st.t_k)
   if st.causal:
     keep = keep & (d >= 0)
@@ -114,6 +124,17 @@ def tile(s, q_idx, k_idx, kv_len, st: Structure, *, slope=None, qv=None, kv=None
       inside = inside | ((k_pos if st.positions else k_idx) == 0)
     keep = keep & inside
   return jnp.where(keep, s, MASK_VALUE), keep
+
+
+def cap_slope(ds, s, keep, st: Structure):
+  """dS `[bq, bk]` of the capped scores -> of the uncapped ones (times 1 -
+  tanh², from the tile's capped scores `s`); unchanged without a cap."""
+  return ds if st.cap is None else ds * soft_cap_slope(s, keep, st.cap)
+
+
+def sink_scalars(num_heads: int, sinks):
+  """float32 `[H]`: the sink logits, or zeros when unused (`st.sinks` off)."""
+  return jnp.zeros((num_heads,), jnp.float32) if sinks is None else sinks
 
 
 def tile_may_keep(q_start, k_start, bq: int, bk: int, kv_len, st: Structure):
@@ -163,14 +184,15 @@ def iota(shape, dimension: int, start):
 
 def kernel_run(attention, name: str):
   """The `dispatch.KERNELS` run function of a Pallas kernel `attention(q, k,
-  v, *, causal, kv_lengths, window, alibi_slopes, difference, windows)`:
-  structure, and of the score specs one each of `LinearBias`,
-  `DifferenceBias` and `WindowBias`, all built in the kernel; softmax; no
-  dense mask or bias, no weights (the dispatcher sends nothing else).
+  v, *, causal, kv_lengths, window, alibi_slopes, difference, windows,
+  logit_soft_cap, sinks)`: structure, and of the score specs one each of
+  `LinearBias`, `DifferenceBias` and `WindowBias`, all built in the kernel,
+  the soft cap and the sink logits too; softmax; no dense mask or bias, no
+  weights (the dispatcher sends nothing else).
   -> (out `[B, T_q, H, D_v]`, None)."""
 
   def run(q, k, v, *, mask, scores, causal, window, kv_lengths, return_weights,
-          normalization=None, **unused_options):
+          normalization=None, logit_soft_cap=None, sinks=None, **unused_options):
     del unused_options  # other kernels' options (chunk sizes)
     if mask is not None or return_weights or normalization is not None:
       raise ValueError(f'{name} takes no dense mask, forms no weights and runs softmax '
@@ -179,7 +201,8 @@ def kernel_run(attention, name: str):
         scores, (LinearBias, DifferenceBias, WindowBias), name)
     out = attention(q, k, v, causal=causal, kv_lengths=kv_lengths, window=window,
                     alibi_slopes=None if linear is None else linear.slopes,
-                    difference=difference, windows=windows)
+                    difference=difference, windows=windows,
+                    logit_soft_cap=logit_soft_cap, sinks=sinks)
     return out, None
 
   run.__name__, run.__module__ = name, attention.__module__

@@ -30,7 +30,8 @@ at `W_Q`, `W_K`, `W_V`, `W_O` (`kernel`, and `bias` with `use_bias`); the
 encoding's at `positional.<name>` (e.g. `positional.pos_emb` of CoPE,
 `positional.raw_r1` of KERPLE); scalable softmax's s at `ssmax_scale`;
 stick-breaking's 'head_bias' remainder at `remainder.head_bias` and
-`remainder.norm.{scale,bias}`. The attribute is `positional` for stored
+`remainder.norm.{scale,bias}`; learned sink logits (`sinks=True`) at
+`sink_logits` (`[num_heads]`). The attribute is `positional` for stored
 checkpoints' sake; read the encoding itself through the public
 `module.encoding` (the same object), not the name, which is also the
 subpackage `aj.positional`.
@@ -50,6 +51,7 @@ from attention_jax.attention.normalization import Normalization
 from attention_jax.attention.normalization import as_normalization
 from attention_jax.attention.scalable import scalable_softmax_queries
 from attention_jax.attention.scalable import visible_keys
+from attention_jax.attention.soft_cap import check_soft_cap
 from attention_jax.nn.arguments import CAUSAL
 from attention_jax.nn.arguments import ORDER
 from attention_jax.nn.arguments import call_inputs
@@ -144,6 +146,14 @@ class MultiHeadAttention(KVCache, nnx.Module):
       encoding; served by the dense and chunked kernels. With
       `remainder='head_bias'` (the authors' model code) the module holds the
       learned vector and GroupNorm (`nn.stick_breaking`) as `remainder`.
+    logit_soft_cap: None, or c > 0: every score, biases added, becomes
+      `c · tanh(s / c)` before the mask (Gemma 2 uses 50.0; see
+      `attention.soft_cap`). Softmax only.
+    sinks: True: one learned sink logit per head (gpt-oss), float32 at
+      `sink_logits`, starting at zero, which joins each softmax's
+      denominator only, so a head may attend to nothing
+      (`attention.sink_logits`). Not `WindowBias(sink=)`, which keeps the
+      first tokens visible. Softmax only.
     rngs: `nnx.Rngs` for the parameters (and, with `dropout_rate > 0`, a
       fork of its 'dropout' stream).
   """
@@ -162,6 +172,7 @@ class MultiHeadAttention(KVCache, nnx.Module):
                chunked_strategy: str = 'auto',
                scalable_softmax: Optional[float] = None,
                normalization: Normalization = 'softmax',
+               logit_soft_cap: Optional[float] = None, sinks: bool = False,
                rngs: nnx.Rngs):
     if causal is None:
       raise ValueError(CAUSAL)
@@ -189,6 +200,14 @@ class MultiHeadAttention(KVCache, nnx.Module):
     if self.normalization is not None and not causal:
       raise ValueError(f'normalization={normalization!r} (stick-breaking) reads the keys '
                        'before each query: it needs causal=True.')
+    check_soft_cap(logit_soft_cap)
+    if not isinstance(sinks, bool):
+      raise TypeError(f'sinks={sinks!r}: use True (one learned sink logit per head) or '
+                      'False.')
+    if self.normalization is not None and (logit_soft_cap is not None or sinks):
+      raise ValueError(f'logit_soft_cap={logit_soft_cap!r}, sinks={sinks!r}: both act on a '
+                       f'softmax, not on normalization={normalization!r} (stick-breaking).')
+    self.logit_soft_cap = None if logit_soft_cap is None else float(logit_soft_cap)
     self.implementation, self.chunk_size = implementation, chunk_size
     self.chunked_strategy, self.causal = chunked_strategy, bool(causal)
     self.d_model, self.num_heads, self.num_kv_heads = d_model, num_heads, num_kv_heads
@@ -222,6 +241,9 @@ class MultiHeadAttention(KVCache, nnx.Module):
                                         param_dtype=param_dtype, rngs=rngs)
                       if self.normalization is not None
                       and self.normalization.remainder == 'head_bias' else None)
+    # Zeros, drawing no RNG: the other parameters stay what they were without it.
+    self.sink_logits = (nnx.Param(jnp.zeros((num_heads,), jnp.float32)) if sinks
+                        else None)
     for name in CACHE_NAMES:  # Flax's stateful cache (init_cache with a shape)
       setattr(self, f'cached_{name}', nnx.data(None))
     self.cache_index = nnx.data(None)
@@ -368,7 +390,8 @@ class MultiHeadAttention(KVCache, nnx.Module):
         causal=self.causal, kv_lengths=kv_lengths, window=self.sliding_window,
         normalization=self.normalization,
         implementation=self.implementation, return_weights=weighted,
-        chunk_size=self.chunk_size, chunked_strategy=self.chunked_strategy)
+        chunk_size=self.chunk_size, chunked_strategy=self.chunked_strategy,
+        **self._logit_options())
     if not weighted:
       return self.W_O(self._with_remainder(result))
     out, weights = result
@@ -378,6 +401,11 @@ class MultiHeadAttention(KVCache, nnx.Module):
       out = self._dropped_values(weights, k, v, rngs)
     out = self.W_O(self._with_remainder(out))
     return (out, weights) if return_weights else out
+
+  def _logit_options(self) -> dict:
+    """The soft cap and the sink logits, as `scaled_dot_product_attention` takes them."""
+    return dict(logit_soft_cap=self.logit_soft_cap,
+                sinks=None if self.sink_logits is None else self.sink_logits[...])
 
   def _with_remainder(self, out):
     """Attention output `[B, T_q, H, D]` (D + 1 with 'head_bias') -> `[B, T_q,

@@ -257,5 +257,5 @@ class KVCache:
     out = scaled_dot_product_attention(
         q, all_keys, values, mask=mask,
         score_bias=score_bias, normalization=self.normalization, q_slots=slots,
-        implementation=implementation)
+        implementation=implementation, **self._logit_options())
     return self.W_O(self._with_remainder(out)), cache

@@ -137,6 +137,9 @@ class TransformerLM(nnx.Module):
       (`digit_tokens`, `rows`, `max_k`, `check_ids`): Abacus embeddings
       added to the token embeddings; the offset k is `__call__`'s
       `abacus_offset` (training), 0 when decoding.
+    logit_soft_cap, sinks: every layer's (see `MultiHeadAttention`): Gemma
+      2's logit soft-capping and gpt-oss's learned sink logits, one per head
+      and layer (`blocks[i].attention.sink_logits`).
     rngs: `nnx.Rngs` for the parameters (and dropout's forks).
   """
 
@@ -150,7 +153,8 @@ class TransformerLM(nnx.Module):
                encoding_per_layer: Optional[bool] = None, dropout_rate: float = 0.0,
                deterministic: Optional[bool] = None,
                encoding_layers: Optional[Sequence[int]] = None,
-               abacus: Optional[dict] = None, rngs: nnx.Rngs):
+               abacus: Optional[dict] = None, logit_soft_cap: Optional[float] = None,
+               sinks: bool = False, rngs: nnx.Rngs):
     self.vocab_size = vocab_size
     self.embed = nnx.Embed(vocab_size, d_model,
                            embedding_init=nnx.initializers.normal(1.0), rngs=rngs)
@@ -175,7 +179,7 @@ class TransformerLM(nnx.Module):
               num_kv_heads=num_kv_heads, sliding_window=sliding_window,
               implementation=implementation, scalable_softmax=scalable_softmax,
               normalization=normalization, dropout_rate=dropout_rate,
-              deterministic=deterministic)
+              deterministic=deterministic, logit_soft_cap=logit_soft_cap, sinks=sinks)
         for layer_encoding in layer_encodings])
     self.final_norm = nnx.LayerNorm(d_model, rngs=rngs)
     self.unembed = nnx.Linear(d_model, vocab_size, rngs=rngs)
