@@ -227,15 +227,16 @@ def generate(model, prompt: jax.Array, num_tokens: int, *,
 
 
 def _check_prompt(prompt) -> jax.Array:
-  prompt = jnp.asarray(prompt)
+  prompt = prompt if isinstance(prompt, jax.Array) else np.asarray(prompt)
   if prompt.ndim != 2 or prompt.shape[1] < 1:
     raise ValueError(f'prompt must be int [batch, length >= 1], got shape {prompt.shape}.')
   if not jnp.issubdtype(prompt.dtype, jnp.integer):
-    example = '' if not is_static(prompt) else f' (e.g. {prompt.ravel()[0]!r})'
+    example = ('' if not (is_static(prompt) and prompt.size)
+               else f' (e.g. {np.asarray(prompt).ravel()[0].item():g})')
     raise TypeError(f'prompt must be int token ids [batch, length], got dtype '
                     f'{prompt.dtype}{example}; a float is not truncated to an id: cast '
                     'it yourself if that is what you mean.')
-  return prompt.astype(jnp.int32)
+  return jnp.asarray(prompt, jnp.int32)
 
 
 def _check_num_tokens(num_tokens) -> int:
