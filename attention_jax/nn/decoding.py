@@ -1,7 +1,7 @@
 """Decoding through the key/value cache, greedy or sampled (`nn.sampling`),
-for any model with the cache protocol: `init_cache(batch_size, cache_size) -> cache` and
-`extend(tokens [B, S], cache, start, *, positions=None) -> (logits [B, S, V],
-cache)` (`TransformerLM` has it)."""
+for any model with the cache protocol: `init_cache(batch_size, cache_size)
+-> cache` and `extend(tokens [B, S], cache, start, *, positions=None) ->
+(logits [B, S, V], cache)` (`TransformerLM` has it)."""
 
 import numbers
 from typing import Callable, Optional
