@@ -146,13 +146,16 @@ def generate(model, prompt: jax.Array, num_tokens: int, *,
       `jax.random.split(key, B)[b]`, so row b equals generating its prompt
       alone with that key in a batch of one (`key=keys[b:b+1]`). The token
       for slot s of a row is drawn with `jax.random.fold_in(row_key, s - 1)`.
+      (Flax's Gemma sampler folds the step into one key for the whole
+      batch, so there a row's draws depend on the rows beside it.)
     temperature: >= 0, may be traced (default 1 with a key); 0 is greedy.
     top_k: a Python int in 1 … vocab_size (static), or None (all tokens).
     top_p: in (0, 1], may be traced, or None (1: all tokens).
     eos_id: optional token id in 0 … vocab_size-1: a row's tokens after the
       first `eos_id` it generates are `pad_id`; the other rows go on, and
       decoding stops once every row has generated it (or its num_tokens).
-      An `eos_id` inside a prompt ends nothing.
+      An `eos_id` inside a prompt ends nothing, as in Hugging Face (Flax's
+      Gemma sampler pads after the first EOS anywhere, prompt included).
     pad_id: the token id after a row's end (default 0), in 0 … vocab_size-1.
 
   Returns:

@@ -43,8 +43,8 @@ def check_sampling_options(temperature=None, top_k=None, top_p=None,
   """ValueError/TypeError naming a sampling option that is not allowed.
 
   temperature: a finite number >= 0 (float scalar; checked when known, not
-  when traced). top_k: a Python int in 1 … vocab_size (static: it sizes a
-  `top_k`). top_p: a number in (0, 1] (checked when known).
+  when traced). top_k: a Python int in 1 … vocab_size (static: it sizes
+  `jax.lax.top_k`). top_p: a number in (0, 1] (checked when known).
   """
   if temperature is not None:
     _check_scalar('temperature', temperature)
