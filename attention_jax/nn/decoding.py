@@ -3,7 +3,6 @@ for any model with the cache protocol: `init_cache(batch_size, cache_size)
 -> cache` and `extend(tokens [B, S], cache, start, *, positions=None) ->
 (logits [B, S, V], cache)` (`TransformerLM` has it)."""
 
-import numbers
 from typing import Callable, Optional
 
 import jax
@@ -15,6 +14,7 @@ from attention_jax.nn.cache import is_static
 from attention_jax.nn.sampling import check_sampling_options
 from attention_jax.nn.sampling import options_valid
 from attention_jax.nn.sampling import sample_tokens
+from attention_jax.nn.sampling import static_int
 
 
 PROTOCOL = ('init_cache(batch_size, cache_size) -> cache and extend(tokens [B, S], cache, '
@@ -187,14 +187,13 @@ def generate(model, prompt: jax.Array, num_tokens: int, *,
   (b, p), total = prompt.shape, prompt.shape[1] + num_tokens
   if temperature is None and key is not None:
     temperature = 1.0
-  check_sampling_options(temperature, top_k, top_p)
+  top_k = check_sampling_options(temperature, top_k, top_p)
+  pad_id = _check_token_id('pad_id', pad_id, None)
   if top_k is not None or eos_id is not None or pad_id != 0:
     vocab = _vocab_size(model, prompt, positions)
     check_sampling_options(top_k=top_k, vocab_size=vocab)
-    for name, value in (('eos_id', eos_id), ('pad_id', pad_id)):
-      _check_token_id(name, value, vocab)
-  else:
-    _check_token_id('pad_id', pad_id, None)
+    eos_id = _check_token_id('eos_id', eos_id, vocab)
+    _check_token_id('pad_id', pad_id, vocab)
   lengths, rows_valid = _check_prompt_lengths(prompt_lengths, b, p)
   row_keys = None if key is None else _row_keys(key, b)
   slots = jnp.arange(total)[None, :]
@@ -243,22 +242,23 @@ def _check_prompt(prompt) -> jax.Array:
 
 
 def _check_num_tokens(num_tokens) -> int:
-  if isinstance(num_tokens, (bool, np.bool_)) or not isinstance(num_tokens, numbers.Integral):
-    raise TypeError(f'num_tokens={num_tokens!r} must be a Python int >= 0 (static: it '
-                    'sizes the output).')
+  num_tokens = static_int('num_tokens', num_tokens,
+                          'a Python int >= 0 (static: it sizes the output)')
   if num_tokens < 0:
     raise ValueError(f'num_tokens must be >= 0, got {num_tokens}.')
   return int(num_tokens)
 
 
-def _check_token_id(name: str, value, vocab: Optional[int]) -> None:
+def _check_token_id(name: str, value, vocab: Optional[int]) -> Optional[int]:
+  """`value` as an int (None stays None), or an error naming it; the
+  vocabulary's upper end is checked when `vocab` is known."""
   if value is None:
-    return
-  if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-    raise TypeError(f'{name}={value!r} must be a Python int token id (static).')
+    return None
+  value = static_int(name, value, 'a Python int token id (static)')
   if value < 0 or (vocab is not None and value >= vocab):
     upper = '' if vocab is None else f' … {vocab - 1} (vocab_size={vocab})'
     raise ValueError(f'{name}={value} is outside the vocabulary 0{upper}.')
+  return value
 
 
 def _vocab_size(model, prompt, positions) -> int:

@@ -27,7 +27,7 @@ no result of it can pass for a sample.
 """
 
 import math
-import numbers
+import operator
 from typing import Optional
 
 import jax
@@ -39,8 +39,9 @@ from attention_jax.nn.cache import is_static
 
 
 def check_sampling_options(temperature=None, top_k=None, top_p=None,
-                           vocab_size: Optional[int] = None) -> None:
-  """ValueError/TypeError naming a sampling option that is not allowed.
+                           vocab_size: Optional[int] = None) -> Optional[int]:
+  """top_k as an int (or None); a ValueError/TypeError naming a sampling
+  option that is not allowed.
 
   temperature: a finite number >= 0 (float scalar; checked when known, not
   when traced). top_k: a Python int in 1 … vocab_size (static: it sizes
@@ -54,9 +55,8 @@ def check_sampling_options(temperature=None, top_k=None, top_p=None,
         raise ValueError(f'temperature={value} is not allowed: it must be a finite number '
                          '>= 0 (0 is greedy).')
   if top_k is not None:
-    if isinstance(top_k, (bool, np.bool_)) or not isinstance(top_k, numbers.Integral):
-      raise TypeError(f'top_k={top_k!r} must be a Python int (static: it sizes the set '
-                      'of kept tokens), 1 … the vocabulary size, or None for all.')
+    top_k = static_int('top_k', top_k, 'a Python int (static: it sizes `jax.lax.top_k`), '
+                       '1 … the vocabulary size, or None for all')
     if top_k < 1 or (vocab_size is not None and top_k > vocab_size):
       upper = 'the vocabulary size' if vocab_size is None else f'{vocab_size} (vocab_size)'
       raise ValueError(f'top_k={top_k} is not allowed: it must be in 1 … {upper}, or None '
@@ -68,6 +68,18 @@ def check_sampling_options(temperature=None, top_k=None, top_p=None,
       if not 0 < value <= 1:
         raise ValueError(f'top_p={value} is not allowed: it must be in (0, 1] (1 keeps '
                          'every token), or None.')
+  return top_k
+
+
+def static_int(name: str, value, allowed: str) -> int:
+  """`value` as an int if it is one known now (a Python, NumPy or concrete
+  JAX integer); else a TypeError naming it and what is `allowed`."""
+  if isinstance(value, (bool, np.bool_)):
+    raise TypeError(f'{name}={value!r} must be {allowed}.')
+  try:
+    return operator.index(value)
+  except TypeError:  # a float, or a traced value (ConcretizationTypeError)
+    raise TypeError(f'{name}={value!r} must be {allowed}.') from None
 
 
 def _check_scalar(name, value) -> None:
@@ -103,7 +115,7 @@ def process_logits(logits: jax.Array, *, temperature=1.0, top_k: Optional[int] =
   Module docstring for top_k and top_p; NaN for an invalid traced
   temperature or top_p.
   """
-  check_sampling_options(temperature, top_k, top_p, logits.shape[-1])
+  top_k = check_sampling_options(temperature, top_k, top_p, logits.shape[-1])
   return jnp.where(options_valid(temperature, top_p),
                    _processed(logits, temperature, top_k, top_p), jnp.nan)
 
@@ -146,7 +158,7 @@ def sample_tokens(key: jax.Array, logits: jax.Array, *, temperature=1.0,
   the argmax of the logits (ties: the lower id), `key` then unused. -1 for
   an invalid traced temperature or top_p (module docstring).
   """
-  check_sampling_options(temperature, top_k, top_p, logits.shape[-1])
+  top_k = check_sampling_options(temperature, top_k, top_p, logits.shape[-1])
   processed = _processed(logits, temperature, top_k, top_p)
   sampled = jax.random.categorical(key, processed, axis=-1)
   greedy = jnp.argmax(jnp.asarray(logits, jnp.float32), axis=-1)

@@ -302,6 +302,14 @@ class GenerateTest(chex.TestCase, parameterized.TestCase):
       np.testing.assert_array_equal(got[r, :n], self.PROMPT[r, :n])
       np.testing.assert_array_equal(got[r, n:], -1)
 
+  def test_numpy_and_concrete_jax_ints_are_ints(self):
+    model = FixedLogits(jnp.array([0.0, 1.0, 2.0, 0.5]))
+    prompt = jnp.array([[1, 2], [3, 0]])
+    want = aj.generate(model, prompt, 3, key=jax.random.key(0), top_k=2, eos_id=2, pad_id=3)
+    got = aj.generate(model, prompt, np.int64(3), key=jax.random.key(0), top_k=jnp.int32(2),
+                      eos_id=np.int32(2), pad_id=jnp.array(3))
+    np.testing.assert_array_equal(got, want)
+
   def test_zero_tokens_returns_the_prompts(self):
     model = _lm()
     np.testing.assert_array_equal(aj.generate(model, self.PROMPT, 0), self.PROMPT)
