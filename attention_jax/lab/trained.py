@@ -62,29 +62,36 @@ class Trained:
   run_dir: str
 
   def predict(self, *inputs, key: Optional[jax.Array] = None) -> Prediction:
-    """The run's greedy answer to one input (module docstring). `key` draws
-    the positions of a run evaluated on randomized positions (default
-    `jax.random.key(0)`)."""
+    """The run's greedy answer to one input (module docstring). `key`
+    (default `jax.random.key(0)`) draws what the evaluation draws beside the
+    input: addition's index-hint start, randomized positions."""
+    batch = self.batch(*inputs, key=key)
+    written = np.asarray(models.generate_batch(self.model, batch))[0]
+    written = [int(t) for t in written[np.asarray(batch['loss_mask'])[0]]]
+    finished = tasks.EOS in written
+    written = written[:written.index(tasks.EOS)] if finished else written
+    return Prediction(output=self.task.decode(written, vocab_size=self.config.task.vocab_size),
+                      tokens=written, finished=finished)
+
+  def batch(self, *inputs, key: Optional[jax.Array] = None) -> dict:
+    """The one-example batch `predict` decodes: `inputs` int32 `[1, T]`
+    (the prompt, placeholders after it), `loss_mask` bool `[1, T]` (the
+    slots it writes) and `positions` `[1, T]` where the run reads them."""
     if not isinstance(self.model, TransformerLM):
       raise TypeError(f'predict serves transformer runs; {self.run_dir} holds a '
                       f'{type(self.model).__name__} (read its results.csv).')
-    vocab = self.config.task.vocab_size
-    tokens, is_output, lengths = self.task.encode(*inputs, vocab_size=vocab)
+    key = jax.random.key(0) if key is None else key
+    tokens, is_output, lengths = self.task.encode(
+        *inputs, vocab_size=self.config.task.vocab_size, key=key)
     batch = dict(inputs=tokens[:, :-1], loss_mask=is_output[:, 1:])
     if self.task.coupled_max_position:  # offset 1, as the evaluation's
       batch['positions'] = self.task.coupled_positions(
           tokens, lengths, jnp.ones((1,), jnp.int32))[:, :-1]
     max_position = models.randomized_max_position(self.config)
     if max_position and self.config.positions.randomized_eval == 'random':
-      batch = tasks.with_random_positions(
-          batch, jax.random.key(0) if key is None else key, max_position,
-          self.config.positions.draw)
-    written = np.asarray(models.generate_batch(self.model, batch))[0]
-    written = [int(t) for t in written[np.asarray(batch['loss_mask'])[0]]]
-    finished = tasks.EOS in written
-    written = written[:written.index(tasks.EOS)] if finished else written
-    return Prediction(output=self.task.decode(written, vocab_size=vocab), tokens=written,
-                      finished=finished)
+      batch = tasks.with_random_positions(batch, jax.random.fold_in(key, 2), max_position,
+                                          self.config.positions.draw)
+    return batch
 
   def generate(self, tokens: jax.Array, prompt_lengths: jax.Array,
                positions: Optional[jax.Array] = None) -> jax.Array:
@@ -112,7 +119,8 @@ def load(run_dir: str) -> Trained:
     runs = sorted(os.path.relpath(os.path.dirname(p), run_dir)
                   for p in workdirs.run_files(run_dir, 'config.json'))
     if runs:
-      raise ConfigError(f'{run_dir} is a study of {len(runs)} runs; load one of them, e.g. '
+      raise ConfigError(f'{run_dir} is a study of {len(runs)} run{"s" * (len(runs) != 1)}; '
+                        f'load one of them, e.g. '
                         f'{os.path.join(run_dir, runs[0])} (the others: '
                         f'{", ".join(runs[1:6])}{", …" if len(runs) > 6 else ""}).')
     raise ConfigError(f'{run_dir} holds no readable config.json; expected a trained run.')

@@ -184,12 +184,12 @@ class Addition:
     is_output = (p > equals) & (p <= ends_s + 1)
     return tokens, is_output
 
-  def encode(self, a, b, vocab_size: int = 10):
+  def encode(self, a, b, vocab_size: int = 10, key=None):
     """One example of `a + b` (integers >= 0), laid out as `example` lays
-    out a drawn one, with placeholders in the sum's slots, as many as its
-    longest possible length (a decoder writes them itself; hint markers
-    start at a fixed place): int32 tokens and bool output slots `[1, T]`,
-    and the operand lengths `[1, 2]`."""
+    out a drawn one with `key` (the hint markers' start; default
+    `jax.random.key(0)`), with placeholders in the sum's slots, as many as
+    its longest possible length (a decoder writes them itself): int32
+    tokens and bool output slots `[1, T]`, and the operand lengths `[1, 2]`."""
     del vocab_size
     for name, v in (('a', a), ('b', b)):
       if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
@@ -204,7 +204,7 @@ class Addition:
                 (jnp.full((1,), la, jnp.int32), jnp.full((1,), lb, jnp.int32)))
     tokens, is_output = self._layout(pad(digits[0], top), pad(digits[1], top),
                                      jnp.zeros((1, top + 1), jnp.int32), la_, lb_, ls,
-                                     jax.random.key(0), top)
+                                     jax.random.key(0) if key is None else key, top)
     return tokens, is_output, jnp.asarray([[la, lb]], jnp.int32)
 
   def decode(self, output_tokens, vocab_size: int = 10):

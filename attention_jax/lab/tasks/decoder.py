@@ -102,11 +102,13 @@ class DecoderTask:
         [BOS, x_at, SEP, y_at, EOS], PAD).astype(jnp.int32)
     return tokens, (p >= nx + 2) & (p <= nx + 2 + ny)
 
-  def encode(self, inputs, vocab_size: int):
+  def encode(self, inputs, vocab_size: int, key=None):
     """One example of the given input symbols (a sequence of ints in
     [0, input_size)), laid out as `example` lays out a drawn one, with
     placeholders in the output slots (a decoder writes them itself): int32
-    tokens and bool output slots `[1, T]`, and its length `[1]`."""
+    tokens and bool output slots `[1, T]`, and its length `[1]`. `key` is
+    unused: nothing but the input is drawn."""
+    del key
     spec = self.spec.with_alphabet(vocab_size)
     x = _symbols(inputs, spec.input_size, f'{self.name} input')
     n = next((n for n in range(1, len(x) + 1) if int(spec.input_length(n)) == len(x)), None)
