@@ -8,7 +8,7 @@ d_model]`), so weights move between the two; the class docstring lists where
 the two modules' interfaces differ.
 
 A module is causal or not as one property, set at construction by the
-required `causal=` (no default: Flax's module is not causal, ours once was):
+required `causal=` (no default: either one would be silently wrong for the other use):
 it decides both the mask and the encoding's bias (ALiBi's is -slope·(i - j)
 causal, -slope·|i - j| otherwise). A positional encoding (a registry name
 or a `PositionalEncoding`) acts here through its in-attention hooks: RoPE

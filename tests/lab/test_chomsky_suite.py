@@ -255,7 +255,7 @@ class PaperPresetTest(chex.TestCase):
   """The published setting on CPU: built, lowered at its longest evaluation,
   and a few real training steps."""
 
-  @pytest.mark.slow  # about 25 s on 2 cores: CI's slow tier
+  @pytest.mark.slow  # a paper-size model compiled on CPU: CI's slow tier
   def test_paper_preset_builds_lowers_and_steps(self):
     c = chomsky_config.get_config('scale=paper')
     self.assertEqual((c.model.num_layers, c.model.d_model, c.model.num_heads,

@@ -1,5 +1,5 @@
 """Every bad command line or config is one line on stderr, exit status 2,
-and nothing written (issue 23): absl's flag parsing (runtime.parse_flags,
+and nothing written: absl's flag parsing (runtime.parse_flags,
 checked in-process on fresh FlagValues), the config checks
 (validate_config) and the run's own failures (runtime.entry_point). Two
 subprocesses check the wiring of the real entry points.
@@ -162,8 +162,8 @@ class ParseFlagsTest(parameterized.TestCase):
     self.assertEqual(os.listdir(existing), [])
 
   def test_config_file_without_get_config_is_one_line(self):
-    # It used to inherit the default preset's get_config (ml_collections loads
-    # every file as one module name) and train that, exit 0.
+    # ml_collections loads every file as one module name: without the check,
+    # the file would inherit the default preset's get_config and train that.
     path = os.path.join(tempfile.mkdtemp(), 'no_get_config.py')
     pathlib.Path(path).write_text('X = 1\n')
     for extra in ((), ('--config.train.seed=1',)):
@@ -326,7 +326,7 @@ class EntryPointProcessTest(absltest.TestCase):
           '--config.model.encoding_options.rope.base=-1.0'),
          r'error: invalid config: model.encoding_options.rope.base=-1.0 must be a finite '
          r'number > 1'),
-        # An encoding's own length limit, before training (it used to fail after it).
+        # An encoding's own length limit, checked before training, not after it.
         (('experiments.train', '--config.model.encoding=xpos', '--config.eval.max_length=20000',
           '--config.eval.lengths=(4,20000)'),
          r"error: invalid config: eval.max_length=20000 on 'copy' reads positions 0 … 40001, "

@@ -1,4 +1,4 @@
-"""What a workdir can be trusted with (issue 13): it never mixes configs,
+"""What a workdir can be trusted with: it never mixes configs,
 damaged files never block a resume, no stop request is lost, a bad config is
 one line before anything is written (the declared dependencies: test_layout.py).
 
