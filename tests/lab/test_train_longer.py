@@ -1,6 +1,5 @@
 """Training a run on past one invocation: a larger train.num_steps extends a
-finished run (issue item 14), and a time box too short to train one interval
-says so (issue item 11).
+finished run, and a time box too short to train one interval says so.
 
 One tiny study (one run of N steps) is trained once for the module and
 extended to 2N steps once; each test works on its own copy.
