@@ -16,8 +16,8 @@ from absl import flags
 
 from attention_jax.lab import presets
 from attention_jax.lab.chomsky.suite import run_suite
-from attention_jax.lab.runtime import entry_point
-from attention_jax.lab.runtime import parse_flags
+from attention_jax.lab.process import entry_point
+from attention_jax.lab.command_line import parse_flags
 
 _CONFIG = presets.DEFINE_config_file('config', 'chomsky', 'Suite configuration.')
 _WORKDIR = flags.DEFINE_string('workdir', 'runs/chomsky', 'Where outputs are written.')
@@ -26,7 +26,7 @@ _WORKDIR = flags.DEFINE_string('workdir', 'runs/chomsky', 'Where outputs are wri
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  with entry_point(_CONFIG.value):
+  with entry_point(_CONFIG.value, _WORKDIR.value):
     records = run_suite(_CONFIG.value, _WORKDIR.value)
   if records is None:  # a shard whose siblings are still training
     return

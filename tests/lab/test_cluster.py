@@ -21,7 +21,7 @@ from absl.testing import parameterized
 from attention_jax.lab import cluster
 from attention_jax.lab import locks
 from attention_jax.lab import train
-from attention_jax.lab.runtime import entry_point
+from attention_jax.lab.process import entry_point
 from attention_jax.lab.study import run_one
 from attention_jax.lab.study import run_study
 from attention_jax.lab.study import shared_optimizer

@@ -251,7 +251,7 @@ class StopRequestTest(absltest.TestCase):
     # The signal right after the last training step (before evaluation).
     script = textwrap.dedent(f'''
         import os, signal
-        from attention_jax.lab.runtime import entry_point
+        from attention_jax.lab.process import entry_point
         from attention_jax.lab.study import run_study
         from tests.lab.test_workdir_trust import _config
         kill = lambda *_: os.kill(os.getpid(), signal.SIGTERM)
@@ -378,7 +378,7 @@ class ConfigErrorTest(parameterized.TestCase):
   def test_error_raised_in_compiled_code_is_printed_first(self):
     script = textwrap.dedent('''
         import jax, jax.numpy as jnp
-        from attention_jax.lab.runtime import entry_point
+        from attention_jax.lab.process import entry_point
         from attention_jax.positional import learned_lookup
         from configs import copy
         with entry_point(copy.get_config('scale=tiny')):
