@@ -27,6 +27,16 @@ Encodings whose bias depends on positions only also have a method
 and plots; attention never calls it (a subclass that defines it, or the old
 `score_bias`, without `score_contribution` is refused when it is defined).
 
+Precision, as Flax's layers: an encoding's parameters are stored in the
+`param_dtype` of `make_encoding` (float32 by default; `positional.parameters`
+makes them, with their logical axis names for sharding). What it adds to the
+activations (learned and Abacus rows) is in its `dtype` (None: the
+activations' own); RoPE-like rotations return q and k in their dtype, with
+float32 angles. What it adds to the scores is float32 whatever either dtype:
+the scores and the softmax they feed are float32, so its parameters are
+promoted to float32 there (FoX's gates, CoPE's counts, FIRE's and DAPE's
+MLPs, KERPLE's, T5's, MTA's).
+
 Positions are integer arrays `[T]` (shared by the batch) or `[B, T]`. Modules
 default them to `np.arange(T)`: a static array, so length checks happen at
 trace time even under `jax.jit`, and linear biases can be recognised.
@@ -190,8 +200,9 @@ class PositionalEncoding(nnx.Module):
   """Base class; each hook defaults to "no contribution". Also 'none' (NoPE).
 
   A subclass registered by name (`register_encoding`) also has a `build`
-  classmethod taking `d_model, num_heads, max_positions, causal, rngs` and its
-  own keyword options.
+  classmethod taking `d_model, num_heads, max_positions, causal, rngs`, and
+  `dtype, param_dtype` (module docstring; optional for float32 parameters),
+  and its own keyword options.
   """
 
   # Whether a model gives each layer its own instance (own parameters) by
@@ -276,6 +287,6 @@ class NoPE(PositionalEncoding):
   permutation symmetry; Kazemnejad et al. 2023 find it extrapolates well)."""
 
   @classmethod
-  def build(cls, *, d_model, num_heads, max_positions, causal, rngs):
-    del d_model, num_heads, max_positions, causal, rngs
+  def build(cls, *, d_model, num_heads, max_positions, causal, rngs, dtype=None, param_dtype=jnp.float32):
+    del d_model, num_heads, max_positions, causal, rngs, dtype, param_dtype
     return cls()

@@ -93,6 +93,9 @@ from attention_jax.positional.base import torch_linear_init
 from attention_jax.positional.base import ScoreContext
 from attention_jax.positional.base import heads_rank4
 from attention_jax.positional.kerple import kerple_log_bias
+from attention_jax.positional.parameters import HEADS
+from attention_jax.positional.parameters import MLP
+from attention_jax.positional.parameters import param
 
 ORIGIN = 'the data-adaptive bias of dape (O(T²) by nature: an MLP on every q·k)'
 BASES = ('kerple', 'alibi')
@@ -175,7 +178,7 @@ class DAPE(PositionalEncoding):
   per_layer = True  # the official code builds one per attention layer
 
   def __init__(self, num_heads: int, *, rngs: nnx.Rngs, base: str = 'kerple',
-               mlp_width: int = 32, causal: bool = True):
+               mlp_width: int = 32, causal: bool = True, param_dtype=jnp.float32):
     self.num_heads = num_heads
     self.base = base  # static: which bias the graph computes
     self.causal = causal  # static: ALiBi's bias differs (symmetric when False)
@@ -184,28 +187,34 @@ class DAPE(PositionalEncoding):
       self.slopes = tuple(float(s) for s in alibi_slopes(num_heads))
     else:
       # The code's init: p = 2·U(0, 1), a = U(0, 1) per head.
-      self.kerple_p = nnx.Param(2.0 * jax.random.uniform(rngs.params(), (num_heads,)))
-      self.kerple_a = nnx.Param(jax.random.uniform(rngs.params(), (num_heads,)))
+      self.kerple_p = param(2.0 * jax.random.uniform(rngs.params(), (num_heads,)), (HEADS,),
+                            param_dtype)
+      self.kerple_a = param(jax.random.uniform(rngs.params(), (num_heads,)), (HEADS,),
+                            param_dtype)
     fan_in = 2 * num_heads
-    self.w1 = nnx.Param(torch_linear_init(rngs.params(), fan_in, (fan_in, mlp_width)))
-    self.b1 = nnx.Param(torch_linear_init(rngs.params(), fan_in, (mlp_width,)))
-    self.w2 = nnx.Param(torch_linear_init(rngs.params(), mlp_width, (mlp_width, num_heads)))
-    self.b2 = nnx.Param(torch_linear_init(rngs.params(), mlp_width, (num_heads,)))
+    init = lambda fan_in, shape, axes: param(torch_linear_init(rngs.params(), fan_in, shape),
+                                             axes, param_dtype)
+    self.w1 = init(fan_in, (fan_in, mlp_width), (None, MLP))
+    self.b1 = init(fan_in, (mlp_width,), (MLP,))
+    self.w2 = init(mlp_width, (mlp_width, num_heads), (MLP, HEADS))
+    self.b2 = init(mlp_width, (num_heads,), (HEADS,))
 
   @classmethod
   def build(cls, *, d_model, num_heads, max_positions, causal, rngs, base: str = 'kerple',
-            mlp_width: int = 32):
+            mlp_width: int = 32, dtype=None, param_dtype=jnp.float32):
     """Options: `base` ('kerple' or 'alibi', the bias B the MLP corrects;
     default 'kerple') and `mlp_width` W (hidden units of the MLP, >= 1;
     default 32, the official configs')."""
-    del d_model, max_positions  # defined at every length
+    del d_model, max_positions, dtype  # defined at every length; the bias is float32
     _check_options(base, mlp_width, rngs)
-    return cls(num_heads, rngs=rngs, base=base, mlp_width=int(mlp_width), causal=causal)
+    return cls(num_heads, rngs=rngs, base=base, mlp_width=int(mlp_width), causal=causal,
+               param_dtype=param_dtype)
 
   def kerple_parameters(self) -> tuple[jnp.ndarray, jnp.ndarray]:
     """KERPLE's (p, a) as the forward uses them, float32 `[H]` each, >= 1e-2."""
-    return (_floor_straight_through(self.kerple_p[...], KERPLE_FLOOR),
-            _floor_straight_through(self.kerple_a[...], KERPLE_FLOOR))
+    f32 = lambda a: a[...].astype(jnp.float32)
+    return (_floor_straight_through(f32(self.kerple_p), KERPLE_FLOOR),
+            _floor_straight_through(f32(self.kerple_a), KERPLE_FLOOR))
 
   def base_bias(self, q_positions, k_positions) -> jnp.ndarray:
     """B from integer positions `[T]` or `[B, T]` -> float32 `[1|B, H, T_q, T_k]`."""

@@ -38,6 +38,7 @@ from attention_jax.positional.base import dense_spec
 from attention_jax.positional.base import not_linear
 from attention_jax.positional.hard_alibi import check_windows
 from attention_jax.attention.scores import relative_distance
+from attention_jax.positional.parameters import param
 
 
 def _inverse_softplus(x: np.ndarray) -> np.ndarray:
@@ -66,36 +67,41 @@ class LearnedWindow(PositionalEncoding):
   """'learned_window': M heads with a trained soft window, the rest NoPE."""
 
   def __init__(self, num_heads: int, init_widths: Sequence[int], temperature: float = 4.0,
-               learn_temperature: bool = True, causal: bool = True):
+               learn_temperature: bool = True, causal: bool = True,
+               param_dtype=jnp.float32):
     m = len(init_widths)
     self.num_heads = num_heads
     self.causal = causal
-    self.raw_width = nnx.Param(jnp.asarray(_inverse_softplus(init_widths)).reshape(m))
+    # One entry per windowed head (M of them): replicated, M need not divide a mesh axis.
+    self.raw_width = param(jnp.asarray(_inverse_softplus(init_widths)).reshape(m), (None,),
+                           param_dtype)
     raw_tau = jnp.full((m,), _inverse_softplus(temperature), jnp.float32)
-    self.raw_temperature = nnx.Param(raw_tau) if learn_temperature else raw_tau
+    self.raw_temperature = (param(raw_tau, (None,), param_dtype) if learn_temperature
+                            else raw_tau)
 
   @classmethod
   def build(cls, *, d_model, num_heads, max_positions, causal, rngs,
             num_windowed_heads: Optional[int] = None, init_widths: Sequence[int] = (),
-            temperature: float = 4.0, learn_temperature: bool = True):
+            temperature: float = 4.0, learn_temperature: bool = True, dtype=None, param_dtype=jnp.float32):
     """Options: `num_windowed_heads` M (default len(init_widths), or
     num_heads // 2), `init_widths` (default 1 … M), `temperature` τ's start
     (> 0), `learn_temperature` (train τ too)."""
-    del d_model, max_positions, rngs  # deterministic initialisation
+    del d_model, max_positions, rngs, dtype  # deterministic initialisation
     widths = check_windows(num_heads, num_windowed_heads, init_widths, 'learned_window')
     if not (isinstance(temperature, (int, float)) and np.isfinite(temperature)
             and temperature > 0):
       raise ValueError(f'learned_window: temperature={temperature!r} must be a finite '
                        'number > 0.')
-    return cls(num_heads, widths, float(temperature), bool(learn_temperature), causal)
+    return cls(num_heads, widths, float(temperature), bool(learn_temperature), causal,
+               param_dtype=param_dtype)
 
   def widths(self) -> jnp.ndarray:
     """Current widths w_h `[M]`."""
-    return jax.nn.softplus(self.raw_width[...])
+    return jax.nn.softplus(self.raw_width[...].astype(jnp.float32))
 
   def temperatures(self) -> jnp.ndarray:
     """Current sharpness τ_h `[M]`."""
-    return jax.nn.softplus(self.raw_temperature[...])
+    return jax.nn.softplus(jnp.asarray(self.raw_temperature[...], jnp.float32))
 
   def attention_bias(self, q_positions, k_positions):
     """-> float32 `[1|B, H, T_q, T_k]` (the package's rank-4 convention)."""

@@ -49,6 +49,8 @@ from attention_jax.attention.scores import DenseBias
 from attention_jax.positional.base import PositionalEncoding
 from attention_jax.positional.base import ScoreContext
 from attention_jax.positional.dape import dape_scores
+from attention_jax.positional.parameters import HEADS
+from attention_jax.positional.parameters import param
 
 PAD_KEY = ('both', 'left', 'right')
 ORIGIN = "the key-query convolution of mta"
@@ -131,20 +133,21 @@ class MultiTokenAttention(PositionalEncoding):
   reads_query_history = True
 
   def __init__(self, num_heads: int, query_kernel_size: int, key_kernel_size: int,
-               pad_key: str):
+               pad_key: str, param_dtype=jnp.float32):
     self.num_heads = num_heads
     self.pad_key = pad_key  # static
-    self.kernel = nnx.Param(jnp.asarray(identity_kernel(
-        num_heads, query_kernel_size, key_kernel_size, pad_key)))
+    self.kernel = param(identity_kernel(num_heads, query_kernel_size, key_kernel_size,
+                                        pad_key), (HEADS, None, None), param_dtype)
 
   @classmethod
   def build(cls, *, d_model, num_heads, max_positions, causal, rngs,
-            query_kernel_size: int = 6, key_kernel_size: int = 11, pad_key: str = 'both'):
+            query_kernel_size: int = 6, key_kernel_size: int = 11, pad_key: str = 'both',
+            dtype=None, param_dtype=jnp.float32):
     """Options: `query_kernel_size` c_q (queries read: this one and c_q − 1
     before it; default 6), `key_kernel_size` c_k (keys read around each;
     default 11, odd with pad_key='both'), `pad_key` ('both', 'left': earlier
     keys only, 'right'). The kernel starts as the identity (plain NoPE)."""
-    del d_model, max_positions, rngs
+    del d_model, max_positions, rngs, dtype
     for name, value in (('query_kernel_size', query_kernel_size),
                         ('key_kernel_size', key_kernel_size)):
       if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
@@ -157,7 +160,8 @@ class MultiTokenAttention(PositionalEncoding):
     if not causal:
       raise ValueError('mta: the key-query convolution is causal (it reads earlier '
                        'queries); causal=False is not supported.')
-    return cls(num_heads, int(query_kernel_size), int(key_kernel_size), pad_key)
+    return cls(num_heads, int(query_kernel_size), int(key_kernel_size), pad_key,
+               param_dtype=param_dtype)
 
   def score_contribution(self, context: ScoreContext) -> DenseBias:
     """-> `DenseBias` float32 `[B, H, T_q, T_k]`: S' − S (the kernel adds S)."""
@@ -172,7 +176,7 @@ class MultiTokenAttention(PositionalEncoding):
                        f'{context.k.shape[1]}), got {context.mask.shape}: the convolution '
                        'reads the rows of earlier queries.')
     convolved = key_query_convolution(
-        self.kernel[...], context.q_history, context.k, context.q_slots,
+        self.kernel[...].astype(jnp.float32), context.q_history, context.k, context.q_slots,
         pad_key=self.pad_key, kv_lengths=context.kv_lengths, window=context.window,
         mask=context.mask)
     return DenseBias(convolved - dape_scores(context.q, context.k), origin=ORIGIN)

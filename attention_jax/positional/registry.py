@@ -3,11 +3,17 @@
 Adding an encoding: write its module (a `PositionalEncoding` subclass with a
 `build` classmethod taking the common arguments of `make_encoding` plus its
 own keyword options) and add one entry to `ENCODINGS`, or, from outside the
-package, call `register_encoding(name, cls)`.
+package, call `register_encoding(name, cls)`. The common arguments `dtype`
+and `param_dtype` may be left out of a `build` (an encoding of float32
+parameters): `make_encoding` then passes them only when they are not the
+defaults, so such an encoding refuses other dtypes by name instead of
+ignoring them.
 """
 
+import inspect
 from typing import Optional
 
+import jax.numpy as jnp
 from flax import nnx
 
 from attention_jax.positional.alibi import ALiBi
@@ -22,6 +28,7 @@ from attention_jax.positional.kerple import KERPLE
 from attention_jax.positional.learned import Learned
 from attention_jax.positional.learned_window import LearnedWindow
 from attention_jax.positional.mta import MultiTokenAttention
+from attention_jax.positional.parameters import check_dtypes
 from attention_jax.positional.p_rope import PRoPE
 from attention_jax.positional.rope import RoPE
 from attention_jax.positional.sinusoidal import Sinusoidal
@@ -93,6 +100,8 @@ def make_encoding(
     max_positions: Optional[int] = None,
     causal: bool = True,
     rngs: Optional[nnx.Rngs] = None,
+    dtype=None,
+    param_dtype=jnp.float32,
     **options,
 ) -> PositionalEncoding:
   """Builds the encoding called `name`.
@@ -104,6 +113,10 @@ def make_encoding(
     max_positions: number of positions a table must hold ('learned').
     causal: whether attention is causal (ALiBi's bias differs).
     rngs: for encodings with parameters.
+    dtype: the dtype of what the encoding adds to the activations (learned
+      and Abacus rows); None: the activations' own. What it adds to the
+      scores is float32 whatever `dtype` (`PositionalEncoding`).
+    param_dtype: the dtype its parameters are stored in (default float32).
     **options: encoding-specific keywords, e.g. `base=` for 'rope'.
   """
   if name not in ENCODINGS:
@@ -121,13 +134,32 @@ def make_encoding(
   if d_model % num_heads:
     raise ValueError(
         f'num_heads={num_heads} does not divide d_model={d_model}.')
+  dtype, param_dtype = check_dtypes(f'positional encoding {name!r}', dtype, param_dtype)
+  precision = _precision(name, ENCODINGS[name], dtype, param_dtype)
   try:
     return ENCODINGS[name].build(
         d_model=d_model, num_heads=num_heads, max_positions=max_positions,
-        causal=causal, rngs=rngs, **options)
+        causal=causal, rngs=rngs, **precision, **options)
   except TypeError as e:
     if 'unexpected keyword' not in str(e):
       raise
     raise ValueError(
         f'positional encoding {name!r} got an unknown option among '
         f'{sorted(options)}: {e}') from None
+
+
+def _precision(name: str, cls: type, dtype, param_dtype) -> dict:
+  """The `dtype` / `param_dtype` keywords for `cls.build`: both when it takes
+  them; none when it does not and they are the defaults; else a ValueError
+  (an encoding registered without them cannot honour other dtypes)."""
+  parameters = inspect.signature(cls.build).parameters
+  takes = lambda k: k in parameters or any(
+      p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+  if takes('dtype') and takes('param_dtype'):
+    return dict(dtype=dtype, param_dtype=param_dtype)
+  if dtype is None and param_dtype == jnp.float32:
+    return {}
+  raise ValueError(f'positional encoding {name!r} ({cls.__name__}): dtype={dtype} and '
+                   f'param_dtype={param_dtype} were asked for, but its build takes no dtype '
+                   'and param_dtype keywords, so it keeps float32 parameters; add them to '
+                   f'{cls.__name__}.build (the common arguments of make_encoding).')
