@@ -94,7 +94,6 @@ from attention_jax.positional.base import ScoreContext
 from attention_jax.positional.base import heads_rank4
 from attention_jax.positional.kerple import kerple_log_bias
 from attention_jax.positional.parameters import HEADS
-from attention_jax.positional.parameters import MLP
 from attention_jax.positional.parameters import param
 
 ORIGIN = 'the data-adaptive bias of dape (O(T²) by nature: an MLP on every q·k)'
@@ -192,11 +191,12 @@ class DAPE(PositionalEncoding):
       self.kerple_a = param(jax.random.uniform(rngs.params(), (num_heads,)), (HEADS,),
                             param_dtype)
     fan_in = 2 * num_heads
+    # The MLP's few hidden units are replicated: only its heads' outputs split.
     init = lambda fan_in, shape, axes: param(torch_linear_init(rngs.params(), fan_in, shape),
                                              axes, param_dtype)
-    self.w1 = init(fan_in, (fan_in, mlp_width), (None, MLP))
-    self.b1 = init(fan_in, (mlp_width,), (MLP,))
-    self.w2 = init(mlp_width, (mlp_width, num_heads), (MLP, HEADS))
+    self.w1 = init(fan_in, (fan_in, mlp_width), (None, None))
+    self.b1 = init(fan_in, (mlp_width,), (None,))
+    self.w2 = init(mlp_width, (mlp_width, num_heads), (None, HEADS))
     self.b2 = init(mlp_width, (num_heads,), (HEADS,))
 
   @classmethod

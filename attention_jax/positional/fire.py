@@ -77,7 +77,6 @@ from attention_jax.positional.base import heads_rank4
 from attention_jax.positional.base import not_linear
 from attention_jax.positional.base import real_option
 from attention_jax.positional.parameters import HEADS
-from attention_jax.positional.parameters import MLP
 from attention_jax.positional.parameters import param
 
 
@@ -128,11 +127,12 @@ class FIRE(PositionalEncoding):
     self.num_heads = num_heads
     self.eps = float(eps)  # static: a constant of the graph
     self.init_threshold = float(init_threshold)  # L₀, not trained (the code's frozen init_L)
+    # The MLP's few hidden units are replicated: only its heads' outputs split.
     init = lambda fan_in, shape, axes: param(torch_linear_init(rngs.params(), fan_in, shape),
                                              axes, param_dtype)
-    self.w1 = init(1, (1, mlp_width), (None, MLP))
-    self.b1 = init(1, (mlp_width,), (MLP,))
-    self.w2 = init(mlp_width, (mlp_width, num_heads), (MLP, HEADS))
+    self.w1 = init(1, (1, mlp_width), (None, None))
+    self.b1 = init(1, (mlp_width,), (None,))
+    self.w2 = init(mlp_width, (mlp_width, num_heads), (None, HEADS))
     self.b2 = init(mlp_width, (num_heads,), (HEADS,))
     self.c = param(init_c, (), param_dtype)
     self.threshold_scale = param(1.0, (), param_dtype)  # the code's L_multiplier

@@ -23,7 +23,7 @@ EMBED = 'embed'  # the model width d_model
 HEADS = 'heads'  # query heads (and per-head parameters)
 KV_HEADS = 'kv_heads'  # key/value heads (GQA/MQA)
 KV = 'kv'  # head_dim
-MLP = 'mlp'  # hidden units of an MLP (the blocks', FIRE's, DAPE's)
+MLP = 'mlp'  # hidden units of the blocks' MLPs (and of additive attention, GRUs)
 VOCAB = 'vocab'  # token ids
 NORM = 'norm'  # a norm's scale and bias
 
