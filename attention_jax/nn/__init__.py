@@ -10,3 +10,4 @@ from attention_jax.nn.seq2seq import Seq2Seq
 from attention_jax.nn.transformer import TransformerLM
 from attention_jax.nn.encoder import TransformerEncoder
 from attention_jax.nn.decoding import generate
+from attention_jax.nn import sharding

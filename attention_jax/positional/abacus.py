@@ -84,6 +84,8 @@ class Abacus(nnx.Module):
     d_model: embedding width.
     max_k: the largest training offset (`sample_offset`); 0 = none.
     check_ids: the run-time range check of traced ids (module docstring).
+    dtype: the dtype of the sum (None: the embeddings' own).
+    param_dtype: the table's dtype; default float32.
     rngs: `nnx.Rngs`; the table is N(0, 1), as `torch.nn.Embedding`'s.
   """
 
@@ -127,4 +129,5 @@ class Abacus(nnx.Module):
   def __call__(self, x, ids):
     """x `[B, T, D]` + table rows at ids `[B, T]` (from `ids`)."""
     rows = jnp.take(self.table[...], ids, axis=0)
-    return (x + rows.astype(x.dtype)).astype(self.dtype or x.dtype)
+    dtype = self.dtype or x.dtype  # None: the activations' own (positional.base)
+    return x.astype(dtype) + rows.astype(dtype)

@@ -287,6 +287,7 @@ class NoPE(PositionalEncoding):
   permutation symmetry; Kazemnejad et al. 2023 find it extrapolates well)."""
 
   @classmethod
-  def build(cls, *, d_model, num_heads, max_positions, causal, rngs, dtype=None, param_dtype=jnp.float32):
+  def build(cls, *, d_model, num_heads, max_positions, causal, rngs, dtype=None,
+            param_dtype=jnp.float32):
     del d_model, num_heads, max_positions, causal, rngs, dtype, param_dtype
     return cls()

@@ -42,7 +42,8 @@ class KERPLE(PositionalEncoding):
     self.raw_r2 = param(jnp.full((num_heads,), _SOFTPLUS_INVERSE_OF_ONE), (HEADS,), param_dtype)
 
   @classmethod
-  def build(cls, *, d_model, num_heads, max_positions, causal, rngs, dtype=None, param_dtype=jnp.float32):
+  def build(cls, *, d_model, num_heads, max_positions, causal, rngs, dtype=None,
+            param_dtype=jnp.float32):
     del d_model, max_positions, causal, rngs  # symmetric in i - j; no random init
     del dtype  # the bias is float32
     return cls(num_heads, param_dtype=param_dtype)

@@ -85,7 +85,8 @@ class Learned(PositionalEncoding):
   """'learned': adds `table[positions]`; the table is an `nnx.Param`."""
 
   def __init__(self, max_positions: int, d_model: int, *, rngs: nnx.Rngs,
-               stddev: float = 0.02, check_positions: bool = True, dtype=None, param_dtype=jnp.float32):
+               stddev: float = 0.02, check_positions: bool = True, dtype=None,
+               param_dtype=jnp.float32):
     if max_positions is None or max_positions < 1:
       raise ValueError(
           f"the 'learned' encoding needs max_positions >= 1 (the rows of its table, "
@@ -113,4 +114,5 @@ class Learned(PositionalEncoding):
 
   def add_to_embeddings(self, x, positions):
     rows = learned_lookup(self.table[...], positions, self.check_positions)
-    return (x + rows.astype(x.dtype)).astype(self.dtype or x.dtype)
+    dtype = self.dtype or x.dtype  # None: the activations' own (positional.base)
+    return x.astype(dtype) + rows.astype(dtype)

@@ -82,7 +82,8 @@ class LearnedWindow(PositionalEncoding):
   @classmethod
   def build(cls, *, d_model, num_heads, max_positions, causal, rngs,
             num_windowed_heads: Optional[int] = None, init_widths: Sequence[int] = (),
-            temperature: float = 4.0, learn_temperature: bool = True, dtype=None, param_dtype=jnp.float32):
+            temperature: float = 4.0, learn_temperature: bool = True, dtype=None,
+            param_dtype=jnp.float32):
     """Options: `num_windowed_heads` M (default len(init_widths), or
     num_heads // 2), `init_widths` (default 1 … M), `temperature` τ's start
     (> 0), `learn_temperature` (train τ too)."""

@@ -76,6 +76,15 @@ class AnnotationTest(chex.TestCase, parameterized.TestCase):
         self.assertIsNotNone(axes, (type(module).__name__, path))
         self.assertLen(axes, variable[...].ndim, path)
 
+  def test_weights_from_flax_keep_the_axis_names(self):
+    ours = aj.MultiHeadAttention(16, 4, causal=False, use_bias=True, rngs=nnx.Rngs(0))
+    before = {path: v.get_metadata()['out_sharding'] for path, v in _params(ours)}
+    flax_mha = nnx.MultiHeadAttention(4, 16, decode=False, rngs=nnx.Rngs(1))
+    nnx.update(ours, aj.nn.from_flax(nnx.state(flax_mha, nnx.Param), ours))
+    chex.assert_trees_all_equal(ours.W_Q.kernel[...], flax_mha.query.kernel[...])
+    self.assertEqual({path: v.get_metadata()['out_sharding'] for path, v in _params(ours)},
+                     before)
+
   def test_the_rules_give_the_documented_specs(self):
     model = _lm()
     want = {
