@@ -92,9 +92,8 @@ class ALiBi(PositionalEncoding):
                        'only the left: leave it 0.')
 
   @classmethod
-  def build(cls, *, d_model, num_heads, max_positions, causal, rngs, left_offset=0.0,
-            dtype=None, param_dtype=jnp.float32):
-    del d_model, max_positions, rngs, dtype, param_dtype  # no parameters; bias in float32
+  def build(cls, *, d_model, num_heads, max_positions, causal, rngs, left_offset=0.0):
+    del d_model, max_positions, rngs
     return cls(num_heads, causal, left_offset)
 
   def attention_bias(self, q_positions, k_positions, distance=None):

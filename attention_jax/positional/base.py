@@ -200,9 +200,8 @@ class PositionalEncoding(nnx.Module):
   """Base class; each hook defaults to "no contribution". Also 'none' (NoPE).
 
   A subclass registered by name (`register_encoding`) also has a `build`
-  classmethod taking `d_model, num_heads, max_positions, causal, rngs`, and
-  `dtype, param_dtype` (module docstring; optional for float32 parameters),
-  and its own keyword options.
+  classmethod taking `d_model, num_heads, max_positions, causal, rngs` and its
+  own keyword options.
   """
 
   # Whether a model gives each layer its own instance (own parameters) by
@@ -287,7 +286,6 @@ class NoPE(PositionalEncoding):
   permutation symmetry; Kazemnejad et al. 2023 find it extrapolates well)."""
 
   @classmethod
-  def build(cls, *, d_model, num_heads, max_positions, causal, rngs, dtype=None,
-            param_dtype=jnp.float32):
-    del d_model, num_heads, max_positions, causal, rngs, dtype, param_dtype
+  def build(cls, *, d_model, num_heads, max_positions, causal, rngs):
+    del d_model, num_heads, max_positions, causal, rngs
     return cls()

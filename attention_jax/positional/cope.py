@@ -165,25 +165,24 @@ class CoPE(PositionalEncoding):
 
   per_layer = True  # the official code gives each layer its own table (unless --cope-shared)
 
-  def __init__(self, head_dim: int, npos: int, *, nodiv: bool = False,
-               param_dtype=jnp.float32):
+  def __init__(self, head_dim: int, npos: int, *, nodiv: bool = False):
     self.npos = npos  # static: the clamp and the table's size
     self.nodiv = nodiv  # static: True adds pos to q·k/√D undivided (--cope-nodiv)
     # Zeros, as in the official code: the model starts without position signal.
-    self.pos_emb = param(jnp.zeros((head_dim, npos)), (KV, None), param_dtype)
+    self.pos_emb = param(jnp.zeros((head_dim, npos)), (KV, None))
 
   @classmethod
   def build(cls, *, d_model, num_heads, max_positions, causal, rngs,
-            npos: Optional[int] = None, nodiv: bool = False, dtype=None, param_dtype=jnp.float32):
+            npos: Optional[int] = None, nodiv: bool = False):
     """Options: `npos` (integer >= 1, the positions in the table; default
     max_positions + 1, the official block_size + 1; one of the two is
     required) and `nodiv` (the official `--cope-nodiv`: pos is added to
     the scores without the 1/√D; default False, the official default)."""
-    del causal, rngs, dtype  # the same formula under any mask; zeros need no randomness
+    del causal, rngs  # the same formula under any mask; zeros need no randomness
     if not isinstance(nodiv, (bool, np.bool_)):
       raise ValueError(f'cope: nodiv={nodiv!r} must be True or False.')
     npos = _check_npos(npos, max_positions)
-    return cls(d_model // num_heads, npos, nodiv=bool(nodiv), param_dtype=param_dtype)
+    return cls(d_model // num_heads, npos, nodiv=bool(nodiv))
 
   def score_contribution(self, context: ScoreContext) -> DenseBias:
     """-> `DenseBias` float32 `[B, H, T_q, T_k]`: pos/√D (pos with `nodiv`)."""

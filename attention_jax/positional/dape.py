@@ -177,7 +177,7 @@ class DAPE(PositionalEncoding):
   per_layer = True  # the official code builds one per attention layer
 
   def __init__(self, num_heads: int, *, rngs: nnx.Rngs, base: str = 'kerple',
-               mlp_width: int = 32, causal: bool = True, param_dtype=jnp.float32):
+               mlp_width: int = 32, causal: bool = True):
     self.num_heads = num_heads
     self.base = base  # static: which bias the graph computes
     self.causal = causal  # static: ALiBi's bias differs (symmetric when False)
@@ -186,14 +186,12 @@ class DAPE(PositionalEncoding):
       self.slopes = tuple(float(s) for s in alibi_slopes(num_heads))
     else:
       # The code's init: p = 2·U(0, 1), a = U(0, 1) per head.
-      self.kerple_p = param(2.0 * jax.random.uniform(rngs.params(), (num_heads,)), (HEADS,),
-                            param_dtype)
-      self.kerple_a = param(jax.random.uniform(rngs.params(), (num_heads,)), (HEADS,),
-                            param_dtype)
+      self.kerple_p = param(2.0 * jax.random.uniform(rngs.params(), (num_heads,)), (HEADS,))
+      self.kerple_a = param(jax.random.uniform(rngs.params(), (num_heads,)), (HEADS,))
     fan_in = 2 * num_heads
     # The MLP's few hidden units are replicated: only its heads' outputs split.
     init = lambda fan_in, shape, axes: param(torch_linear_init(rngs.params(), fan_in, shape),
-                                             axes, param_dtype)
+                                             axes)
     self.w1 = init(fan_in, (fan_in, mlp_width), (None, None))
     self.b1 = init(fan_in, (mlp_width,), (None,))
     self.w2 = init(mlp_width, (mlp_width, num_heads), (None, HEADS))
@@ -201,14 +199,13 @@ class DAPE(PositionalEncoding):
 
   @classmethod
   def build(cls, *, d_model, num_heads, max_positions, causal, rngs, base: str = 'kerple',
-            mlp_width: int = 32, dtype=None, param_dtype=jnp.float32):
+            mlp_width: int = 32):
     """Options: `base` ('kerple' or 'alibi', the bias B the MLP corrects;
     default 'kerple') and `mlp_width` W (hidden units of the MLP, >= 1;
     default 32, the official configs')."""
-    del d_model, max_positions, dtype  # defined at every length; the bias is float32
+    del d_model, max_positions  # defined at every length
     _check_options(base, mlp_width, rngs)
-    return cls(num_heads, rngs=rngs, base=base, mlp_width=int(mlp_width), causal=causal,
-               param_dtype=param_dtype)
+    return cls(num_heads, rngs=rngs, base=base, mlp_width=int(mlp_width), causal=causal)
 
   def kerple_parameters(self) -> tuple[jnp.ndarray, jnp.ndarray]:
     """KERPLE's (p, a) as the forward uses them, float32 `[H]` each, >= 1e-2."""

@@ -122,31 +122,29 @@ class FIRE(PositionalEncoding):
   per_layer = True  # the reference code gives every attention layer its own FIRE
 
   def __init__(self, num_heads: int, *, rngs: nnx.Rngs, mlp_width: int = 32,
-               init_c: float = 0.1, init_threshold: float = 512.0, eps: float = 1e-6,
-               param_dtype=jnp.float32):
+               init_c: float = 0.1, init_threshold: float = 512.0, eps: float = 1e-6):
     self.num_heads = num_heads
     self.eps = float(eps)  # static: a constant of the graph
     self.init_threshold = float(init_threshold)  # L₀, not trained (the code's frozen init_L)
     # The MLP's few hidden units are replicated: only its heads' outputs split.
     init = lambda fan_in, shape, axes: param(torch_linear_init(rngs.params(), fan_in, shape),
-                                             axes, param_dtype)
+                                             axes)
     self.w1 = init(1, (1, mlp_width), (None, None))
     self.b1 = init(1, (mlp_width,), (None,))
     self.w2 = init(mlp_width, (mlp_width, num_heads), (None, HEADS))
     self.b2 = init(mlp_width, (num_heads,), (HEADS,))
-    self.c = param(init_c, (), param_dtype)
-    self.threshold_scale = param(1.0, (), param_dtype)  # the code's L_multiplier
+    self.c = param(init_c, ())
+    self.threshold_scale = param(1.0, ())  # the code's L_multiplier
 
   @classmethod
   def build(cls, *, d_model, num_heads, max_positions, causal, rngs, mlp_width: int = 32,
-            init_c: float = 0.1, init_threshold: float = 512.0, eps: float = 1e-6,
-            dtype=None, param_dtype=jnp.float32):
+            init_c: float = 0.1, init_threshold: float = 512.0, eps: float = 1e-6):
     """Options: `mlp_width` W (hidden units of f_θ, >= 1), `init_c` c's start
     (> 0), `init_threshold` L₀ (> 0; L = |s · L₀| with s learned from 1),
     `eps` (> 0, added to the normaliser). The defaults are the reference
     code's."""
     # Any length works; |i − j| serves both causal and bidirectional attention.
-    del d_model, max_positions, causal, dtype  # the bias is float32
+    del d_model, max_positions, causal
     if (isinstance(mlp_width, bool) or not isinstance(mlp_width, (int, np.integer))
         or mlp_width < 1):
       raise ValueError(f'fire: mlp_width={mlp_width!r} must be an integer >= 1.')
@@ -157,7 +155,7 @@ class FIRE(PositionalEncoding):
     if rngs is None:
       raise ValueError('fire: needs rngs (nnx.Rngs) to initialise its MLP.')
     return cls(num_heads, rngs=rngs, mlp_width=int(mlp_width), init_c=init_c,
-               init_threshold=init_threshold, eps=eps, param_dtype=param_dtype)
+               init_threshold=init_threshold, eps=eps)
 
   def threshold(self) -> jnp.ndarray:
     """The current threshold L = |s · L₀|, a float32 scalar."""

@@ -147,23 +147,23 @@ class FoX(PositionalEncoding):
   per_layer = True
 
   def __init__(self, d_model: int, num_heads: int, *, rngs: nnx.Rngs,
-               weight_std: float = 0.02, bias=0.0, param_dtype=jnp.float32):
+               weight_std: float = 0.02, bias=0.0):
     self.d_model, self.num_heads = d_model, num_heads
     self.causal = True  # MultiHeadAttention refuses a causal=False module with it
     self.gate_kernel = param(weight_std * jax.random.normal(
-        rngs.params(), (d_model, num_heads), jnp.float32), (EMBED, HEADS), param_dtype)
+        rngs.params(), (d_model, num_heads), jnp.float32), (EMBED, HEADS))
     self.gate_bias = param(jnp.broadcast_to(jnp.asarray(bias, jnp.float32), (num_heads,)),
-                           (HEADS,), param_dtype)
+                           (HEADS,))
 
   @classmethod
   def build(cls, *, d_model, num_heads, max_positions, causal, rngs,
             weight_std: float = 0.02, bias_init: float = 0.0,
-            decay_times: Optional[Sequence[float]] = None, dtype=None, param_dtype=jnp.float32):
+            decay_times: Optional[Sequence[float]] = None):
     """Options: `weight_std` (>= 0) the gate kernel's initial std;
     `bias_init` one initial bias for every head (0: gates start at 1/2);
     `decay_times` (T_min, T_max), both > 0, per-head biases instead (see
     `decay_time_bias`); None or () for off. Defaults: the official code's."""
-    del max_positions, dtype  # any length: nothing is tabulated; gates in float32
+    del max_positions  # any length: nothing is tabulated
     if not causal:
       raise ValueError('fox: forgetting attention is causal (a key decays by the gates of '
                        'the tokens after it, up to the query); causal=False is not '
@@ -185,8 +185,7 @@ class FoX(PositionalEncoding):
       bias = decay_time_bias(num_heads, t_min, t_max)
     if rngs is None:
       raise ValueError('fox: needs rngs (nnx.Rngs) to initialise its gate kernel.')
-    return cls(d_model, num_heads, rngs=rngs, weight_std=weight_std, bias=bias,
-               param_dtype=param_dtype)
+    return cls(d_model, num_heads, rngs=rngs, weight_std=weight_std, bias=bias)
 
   def token_features(self, x: jnp.ndarray) -> jnp.ndarray:
     """x `[B, T, d_model]` (the layer input) -> log f, float32 `[B, T, H]`."""

@@ -134,12 +134,12 @@ class HardALiBi(PositionalEncoding):
   @classmethod
   def build(cls, *, d_model, num_heads, max_positions, causal, rngs,
             num_windowed_heads: Optional[int] = None, widths: Sequence[int] = (),
-            offsets: Sequence[int] = (), dtype=None, param_dtype=jnp.float32):
+            offsets: Sequence[int] = ()):
     """Options: `num_windowed_heads` M (default len(widths), or num_heads // 2
     without widths), `widths` one per windowed head (default 1 … M), and
     `offsets` one per windowed head (default 0; causal only): head h sees
     `offsets[h] <= i - j < offsets[h] + widths[h]`."""
-    del d_model, max_positions, rngs, dtype, param_dtype  # no parameters; bias in float32
+    del d_model, max_positions, rngs
     return cls(num_heads, check_windows(num_heads, num_windowed_heads, widths, 'hard_alibi'),
                causal, offsets)
 

@@ -36,17 +36,15 @@ def kerple_log_bias(r1: jnp.ndarray, r2: jnp.ndarray, q_positions, k_positions) 
 class KERPLE(PositionalEncoding):
   """'kerple': learned logarithmic distance penalty per head."""
 
-  def __init__(self, num_heads: int, *, param_dtype=jnp.float32):
+  def __init__(self, num_heads: int):
     # Two arrays, not one shared: a donated train state must not alias buffers.
-    self.raw_r1 = param(jnp.full((num_heads,), _SOFTPLUS_INVERSE_OF_ONE), (HEADS,), param_dtype)
-    self.raw_r2 = param(jnp.full((num_heads,), _SOFTPLUS_INVERSE_OF_ONE), (HEADS,), param_dtype)
+    self.raw_r1 = param(jnp.full((num_heads,), _SOFTPLUS_INVERSE_OF_ONE), (HEADS,))
+    self.raw_r2 = param(jnp.full((num_heads,), _SOFTPLUS_INVERSE_OF_ONE), (HEADS,))
 
   @classmethod
-  def build(cls, *, d_model, num_heads, max_positions, causal, rngs, dtype=None,
-            param_dtype=jnp.float32):
+  def build(cls, *, d_model, num_heads, max_positions, causal, rngs):
     del d_model, max_positions, causal, rngs  # symmetric in i - j; no random init
-    del dtype  # the bias is float32
-    return cls(num_heads, param_dtype=param_dtype)
+    return cls(num_heads)
 
   def attention_bias(self, q_positions, k_positions):
     """-> float32 `[1|B, H, T_q, T_k]`."""

@@ -28,8 +28,8 @@ from attention_jax.positional.base import PositionalEncoding
 from attention_jax.positional.base import flag_option
 from attention_jax.positional.base import real_option
 from attention_jax.positional.parameters import EMBED
-from attention_jax.positional.parameters import check_dtypes
 from attention_jax.positional.parameters import param
+from attention_jax.positional.parameters import scope_dtype
 
 
 def _out_of_range_message(lo: int, hi: int, max_positions: int) -> str:
@@ -85,28 +85,27 @@ class Learned(PositionalEncoding):
   """'learned': adds `table[positions]`; the table is an `nnx.Param`."""
 
   def __init__(self, max_positions: int, d_model: int, *, rngs: nnx.Rngs,
-               stddev: float = 0.02, check_positions: bool = True, dtype=None,
-               param_dtype=jnp.float32):
+               stddev: float = 0.02, check_positions: bool = True):
     if max_positions is None or max_positions < 1:
       raise ValueError(
           f"the 'learned' encoding needs max_positions >= 1 (the rows of its table, "
           f'e.g. TransformerLM(max_positions=...)), got {max_positions}.')
     self.max_positions = max_positions
     self.check_positions = bool(check_positions)  # static: see the module docstring
-    self.dtype, param_dtype = check_dtypes('Learned', dtype, param_dtype)
+    self.dtype = scope_dtype()  # make_encoding's; None: the activations' own
     self.table = param(nnx.initializers.normal(stddev)(rngs.params(), (max_positions, d_model)),
-                       (None, EMBED), param_dtype)
+                       (None, EMBED))
 
   @classmethod
   def build(cls, *, d_model, num_heads, max_positions, causal, rngs, stddev=0.02,
-            check_positions=True, dtype=None, param_dtype=jnp.float32):
+            check_positions=True):
     """Options: `stddev` of the table's initialisation, `check_positions`
     (the run-time range check of traced positions; see the module docstring)."""
     del num_heads, causal
     stddev = real_option('learned', 'stddev', stddev, at_least=0)
     check_positions = flag_option('learned', 'check_positions', check_positions)
     return cls(max_positions, d_model, rngs=rngs, stddev=stddev,
-               check_positions=check_positions, dtype=dtype, param_dtype=param_dtype)
+               check_positions=check_positions)
 
   def check_position_range(self, lo: int, hi: int, dtype=jnp.float32) -> None:
     del dtype  # rows of any dtype
@@ -114,5 +113,5 @@ class Learned(PositionalEncoding):
 
   def add_to_embeddings(self, x, positions):
     rows = learned_lookup(self.table[...], positions, self.check_positions)
-    dtype = self.dtype or x.dtype  # None: the activations' own (positional.base)
+    dtype = self.dtype or x.dtype
     return x.astype(dtype) + rows.astype(dtype)

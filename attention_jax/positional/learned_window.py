@@ -67,34 +67,29 @@ class LearnedWindow(PositionalEncoding):
   """'learned_window': M heads with a trained soft window, the rest NoPE."""
 
   def __init__(self, num_heads: int, init_widths: Sequence[int], temperature: float = 4.0,
-               learn_temperature: bool = True, causal: bool = True,
-               param_dtype=jnp.float32):
+               learn_temperature: bool = True, causal: bool = True):
     m = len(init_widths)
     self.num_heads = num_heads
     self.causal = causal
     # One entry per windowed head (M of them): replicated, M need not divide a mesh axis.
-    self.raw_width = param(jnp.asarray(_inverse_softplus(init_widths)).reshape(m), (None,),
-                           param_dtype)
+    self.raw_width = param(jnp.asarray(_inverse_softplus(init_widths)).reshape(m), (None,))
     raw_tau = jnp.full((m,), _inverse_softplus(temperature), jnp.float32)
-    self.raw_temperature = (param(raw_tau, (None,), param_dtype) if learn_temperature
-                            else raw_tau)
+    self.raw_temperature = param(raw_tau, (None,)) if learn_temperature else raw_tau
 
   @classmethod
   def build(cls, *, d_model, num_heads, max_positions, causal, rngs,
             num_windowed_heads: Optional[int] = None, init_widths: Sequence[int] = (),
-            temperature: float = 4.0, learn_temperature: bool = True, dtype=None,
-            param_dtype=jnp.float32):
+            temperature: float = 4.0, learn_temperature: bool = True):
     """Options: `num_windowed_heads` M (default len(init_widths), or
     num_heads // 2), `init_widths` (default 1 … M), `temperature` τ's start
     (> 0), `learn_temperature` (train τ too)."""
-    del d_model, max_positions, rngs, dtype  # deterministic initialisation
+    del d_model, max_positions, rngs  # deterministic initialisation
     widths = check_windows(num_heads, num_windowed_heads, init_widths, 'learned_window')
     if not (isinstance(temperature, (int, float)) and np.isfinite(temperature)
             and temperature > 0):
       raise ValueError(f'learned_window: temperature={temperature!r} must be a finite '
                        'number > 0.')
-    return cls(num_heads, widths, float(temperature), bool(learn_temperature), causal,
-               param_dtype=param_dtype)
+    return cls(num_heads, widths, float(temperature), bool(learn_temperature), causal)
 
   def widths(self) -> jnp.ndarray:
     """Current widths w_h `[M]`."""

@@ -133,21 +133,20 @@ class MultiTokenAttention(PositionalEncoding):
   reads_query_history = True
 
   def __init__(self, num_heads: int, query_kernel_size: int, key_kernel_size: int,
-               pad_key: str, param_dtype=jnp.float32):
+               pad_key: str):
     self.num_heads = num_heads
     self.pad_key = pad_key  # static
     self.kernel = param(identity_kernel(num_heads, query_kernel_size, key_kernel_size,
-                                        pad_key), (HEADS, None, None), param_dtype)
+                                        pad_key), (HEADS, None, None))
 
   @classmethod
   def build(cls, *, d_model, num_heads, max_positions, causal, rngs,
-            query_kernel_size: int = 6, key_kernel_size: int = 11, pad_key: str = 'both',
-            dtype=None, param_dtype=jnp.float32):
+            query_kernel_size: int = 6, key_kernel_size: int = 11, pad_key: str = 'both'):
     """Options: `query_kernel_size` c_q (queries read: this one and c_q − 1
     before it; default 6), `key_kernel_size` c_k (keys read around each;
     default 11, odd with pad_key='both'), `pad_key` ('both', 'left': earlier
     keys only, 'right'). The kernel starts as the identity (plain NoPE)."""
-    del d_model, max_positions, rngs, dtype
+    del d_model, max_positions, rngs
     for name, value in (('query_kernel_size', query_kernel_size),
                         ('key_kernel_size', key_kernel_size)):
       if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
@@ -160,8 +159,7 @@ class MultiTokenAttention(PositionalEncoding):
     if not causal:
       raise ValueError('mta: the key-query convolution is causal (it reads earlier '
                        'queries); causal=False is not supported.')
-    return cls(num_heads, int(query_kernel_size), int(key_kernel_size), pad_key,
-               param_dtype=param_dtype)
+    return cls(num_heads, int(query_kernel_size), int(key_kernel_size), pad_key)
 
   def score_contribution(self, context: ScoreContext) -> DenseBias:
     """-> `DenseBias` float32 `[B, H, T_q, T_k]`: S' − S (the kernel adds S)."""

@@ -59,7 +59,6 @@ Reference: Google DeepMind's JAX Gemma code, github.com/google-deepmind/gemma,
 
 import numbers
 
-import jax.numpy as jnp
 import numpy as np
 
 from attention_jax.positional.base import PositionalEncoding
@@ -110,10 +109,9 @@ class PRoPE(PositionalEncoding):
 
   @classmethod
   def build(cls, *, d_model, num_heads, max_positions, causal, rngs,
-            p: float = 0.75, base: float = 10000.0, dtype=None, param_dtype=jnp.float32):
+            p: float = 0.75, base: float = 10000.0):
     """Options: `p` in [0, 1] (default 0.75), `base` > 1 (default 10,000)."""
-    # Relative like RoPE; no parameters: rotates q and k in their dtype.
-    del max_positions, causal, rngs, dtype, param_dtype
+    del max_positions, causal, rngs  # relative like RoPE; no parameters
     return cls(d_model // num_heads, p, base)
 
   def rotate_queries_keys(self, q, k, q_positions, k_positions):

@@ -2,6 +2,13 @@
 with logical axis names, and how it reads the `dtype` / `param_dtype`
 arguments of every module and encoding.
 
+An encoding's `build` takes the registry's other common arguments; its
+dtypes come from `make_encoding` through `precision(dtype, param_dtype)`,
+the scope `make_encoding` builds it in: `param` stores in the scope's
+`param_dtype` and `scope_dtype()` is its `dtype` (float32 and None outside
+any scope). A `build`'s signature is the list of an encoding's own options
+(the lab reads it so), so the common arguments stay out of it.
+
 Logical axis names are MaxText's: a parameter says what each of its axes is
 ('embed', 'heads', 'kv', 'mlp', 'vocab', …), and a set of rules
 (`nn.sharding`) says which mesh axis each name is split over. The names are
@@ -13,6 +20,8 @@ is none, would fail. The annotations cost nothing until a caller asks for
 the specs (docs/api.md has the recipe).
 """
 
+import contextlib
+import contextvars
 from typing import Optional, Sequence
 
 import jax.numpy as jnp
@@ -66,16 +75,41 @@ def check_dtypes(owner: str, dtype, param_dtype):
           as_dtype(owner, 'param_dtype', param_dtype, optional=False))
 
 
+_SCOPE = contextvars.ContextVar('precision', default=(None, jnp.dtype(jnp.float32)))
+
+
+@contextlib.contextmanager
+def precision(dtype, param_dtype):
+  """The scope in which an encoding is built: `param` stores in `param_dtype`,
+  `scope_dtype()` is `dtype` (both checked by the caller, `check_dtypes`)."""
+  token = _SCOPE.set((dtype, param_dtype))
+  try:
+    yield
+  finally:
+    _SCOPE.reset(token)
+
+
+def scope_dtype():
+  """The computation dtype of the encoding being built (None outside a scope)."""
+  return _SCOPE.get()[0]
+
+
+def scope_param_dtype():
+  """The parameter dtype of the encoding being built (float32 outside a scope)."""
+  return _SCOPE.get()[1]
+
+
 def annotation(axes: Sequence[Optional[str]]) -> dict:
   """The metadata that names a parameter's axes (`kernel_metadata=` of Flax's
   layers, or `nnx.Param(value, **annotation(axes))`); see the module docstring."""
   return dict(out_sharding=tuple(axes), eager_sharding=False)
 
 
-def param(value, axes: Sequence[Optional[str]], param_dtype=jnp.float32) -> nnx.Param:
-  """`nnx.Param` of `value` cast to `param_dtype`, its axes named `axes`
-  (one name, or None, per axis of `value`)."""
-  value = jnp.asarray(value, param_dtype)
+def param(value, axes: Sequence[Optional[str]], param_dtype=None) -> nnx.Param:
+  """`nnx.Param` of `value` cast to `param_dtype` (None: the scope's, float32
+  outside one), its axes named `axes` (one name, or None, per axis of
+  `value`). Initial values are drawn in float32 and cast."""
+  value = jnp.asarray(value, scope_param_dtype() if param_dtype is None else param_dtype)
   if len(axes) != value.ndim:
     raise ValueError(f'axes {tuple(axes)} name {len(axes)} axes of a parameter of shape '
                      f'{value.shape}.')

@@ -3,14 +3,12 @@
 Adding an encoding: write its module (a `PositionalEncoding` subclass with a
 `build` classmethod taking the common arguments of `make_encoding` plus its
 own keyword options) and add one entry to `ENCODINGS`, or, from outside the
-package, call `register_encoding(name, cls)`. The common arguments `dtype`
-and `param_dtype` may be left out of a `build` (an encoding of float32
-parameters): `make_encoding` then passes them only when they are not the
-defaults, so such an encoding refuses other dtypes by name instead of
-ignoring them.
+package, call `register_encoding(name, cls)`. `make_encoding`'s `dtype` and
+`param_dtype` reach the build through `positional.parameters.precision`
+(its `param` and `scope_dtype`), not as keywords: a `build`'s signature
+lists the encoding's own options.
 """
 
-import inspect
 from typing import Optional
 
 import jax.numpy as jnp
@@ -29,6 +27,7 @@ from attention_jax.positional.learned import Learned
 from attention_jax.positional.learned_window import LearnedWindow
 from attention_jax.positional.mta import MultiTokenAttention
 from attention_jax.positional.parameters import check_dtypes
+from attention_jax.positional.parameters import precision
 from attention_jax.positional.p_rope import PRoPE
 from attention_jax.positional.rope import RoPE
 from attention_jax.positional.sinusoidal import Sinusoidal
@@ -135,31 +134,25 @@ def make_encoding(
     raise ValueError(
         f'num_heads={num_heads} does not divide d_model={d_model}.')
   dtype, param_dtype = check_dtypes(f'positional encoding {name!r}', dtype, param_dtype)
-  precision = _precision(name, ENCODINGS[name], dtype, param_dtype)
   try:
-    return ENCODINGS[name].build(
-        d_model=d_model, num_heads=num_heads, max_positions=max_positions,
-        causal=causal, rngs=rngs, **precision, **options)
+    with precision(dtype, param_dtype):
+      encoding = ENCODINGS[name].build(
+          d_model=d_model, num_heads=num_heads, max_positions=max_positions,
+          causal=causal, rngs=rngs, **options)
   except TypeError as e:
     if 'unexpected keyword' not in str(e):
       raise
     raise ValueError(
         f'positional encoding {name!r} got an unknown option among '
         f'{sorted(options)}: {e}') from None
+  _store_in(encoding, param_dtype)
+  return encoding
 
 
-def _precision(name: str, cls: type, dtype, param_dtype) -> dict:
-  """The `dtype` / `param_dtype` keywords for `cls.build`: both when it takes
-  them; none when it does not and they are the defaults; else a ValueError
-  (an encoding registered without them cannot honour other dtypes)."""
-  parameters = inspect.signature(cls.build).parameters
-  takes = lambda k: k in parameters or any(
-      p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
-  if takes('dtype') and takes('param_dtype'):
-    return dict(dtype=dtype, param_dtype=param_dtype)
-  if dtype is None and param_dtype == jnp.float32:
-    return {}
-  raise ValueError(f'positional encoding {name!r} ({cls.__name__}): dtype={dtype} and '
-                   f'param_dtype={param_dtype} were asked for, but its build takes no dtype '
-                   'and param_dtype keywords, so it keeps float32 parameters; add them to '
-                   f'{cls.__name__}.build (the common arguments of make_encoding).')
+def _store_in(encoding: PositionalEncoding, param_dtype) -> None:
+  """Casts to `param_dtype` any parameter a build made without `param`
+  (an encoding registered from outside), so none stays float32 unasked."""
+  for _, node in nnx.iter_graph(encoding):
+    if isinstance(node, nnx.Param) and node[...].dtype != param_dtype:
+      node.set_value(node[...].astype(param_dtype))
+

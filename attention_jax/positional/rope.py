@@ -184,9 +184,8 @@ class RoPE(PositionalEncoding):
     self.scaling = scaling
 
   @classmethod
-  def build(cls, *, d_model, num_heads, max_positions, causal, rngs, base=10000.0,
-            dtype=None, param_dtype=jnp.float32):
-    del max_positions, causal, rngs, dtype, param_dtype  # no parameters: q and k's dtype
+  def build(cls, *, d_model, num_heads, max_positions, causal, rngs, base=10000.0):
+    del max_positions, causal, rngs
     return cls(d_model // num_heads, base)
 
   def rotate_queries_keys(self, q, k, q_positions, k_positions):

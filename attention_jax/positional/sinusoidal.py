@@ -48,9 +48,8 @@ class Sinusoidal(PositionalEncoding):
     self.base = float(base)
 
   @classmethod
-  def build(cls, *, d_model, num_heads, max_positions, causal, rngs, base=10000.0,
-            dtype=None, param_dtype=jnp.float32):
-    del num_heads, max_positions, causal, rngs, dtype, param_dtype  # no parameters: x's dtype
+  def build(cls, *, d_model, num_heads, max_positions, causal, rngs, base=10000.0):
+    del num_heads, max_positions, causal, rngs
     return cls(d_model, base)
 
   def add_to_embeddings(self, x, positions):

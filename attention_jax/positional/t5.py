@@ -52,24 +52,23 @@ class T5RelativeBias(PositionalEncoding):
   """'t5': a learned per-head scalar per relative-distance bucket."""
 
   def __init__(self, num_heads: int, *, causal: bool = True, num_buckets: int = 32,
-               max_distance: int = 128, rngs: nnx.Rngs, stddev: float = 0.02,
-               param_dtype=jnp.float32):
+               max_distance: int = 128, rngs: nnx.Rngs, stddev: float = 0.02):
     if max_distance <= num_buckets // (2 if causal else 4):
       raise ValueError(f'max_distance={max_distance} must exceed the exact range '
                        f'({num_buckets // (2 if causal else 4)} for num_buckets={num_buckets}).')
     self.causal, self.num_buckets, self.max_distance = causal, num_buckets, max_distance
     self.table = param(nnx.initializers.normal(stddev)(rngs.params(), (num_buckets, num_heads)),
-                       (None, HEADS), param_dtype)
+                       (None, HEADS))
 
   @classmethod
   def build(cls, *, d_model, num_heads, max_positions, causal, rngs, num_buckets=32,
-            max_distance=128, dtype=None, param_dtype=jnp.float32):
-    del d_model, max_positions, dtype
+            max_distance=128):
+    del d_model, max_positions
     num_buckets = integer_option('t5', 'num_buckets', num_buckets, at_least=2 if causal else 4,
                                  why='half of them exact distances, the rest log-spaced')
     max_distance = integer_option('t5', 'max_distance', max_distance, at_least=1)
     return cls(num_heads, causal=causal, num_buckets=num_buckets,
-               max_distance=max_distance, rngs=rngs, param_dtype=param_dtype)
+               max_distance=max_distance, rngs=rngs)
 
   def attention_bias(self, q_positions, k_positions):
     """-> float32 `[1|B, H, T_q, T_k]`: the table at each pair's bucket."""

@@ -41,12 +41,13 @@ from attention_jax.attention.scores import is_arange
 from attention_jax.positional.base import PositionalEncoding
 from attention_jax.positional.base import ScoreContext
 from attention_jax.positional.base import haiku_truncated_normal
-from attention_jax.positional.sinusoidal import sinusoidal_at
 from attention_jax.positional.parameters import EMBED
 from attention_jax.positional.parameters import HEADS
 from attention_jax.positional.parameters import KV
 from attention_jax.positional.parameters import annotation
 from attention_jax.positional.parameters import param
+from attention_jax.positional.parameters import scope_param_dtype
+from attention_jax.positional.sinusoidal import sinusoidal_at
 
 ORIGIN = "the relative attention of Transformer-XL ('relative')"
 
@@ -57,26 +58,25 @@ class TransformerXL(PositionalEncoding):
   per_layer = True  # their layers each hold their own u, v and W_r
 
   def __init__(self, d_model: int, num_heads: int, causal: bool, *, rngs: nnx.Rngs,
-               base: float = 10000.0, param_dtype=jnp.float32):
+               base: float = 10000.0):
     if d_model % num_heads or d_model % 2:
       raise ValueError(f'relative: d_model={d_model} must be even and divisible by '
                        f'num_heads={num_heads}.')
     self.d_model, self.num_heads, self.causal, self.base = d_model, num_heads, causal, base
     head_dim = d_model // num_heads
     normal = nnx.initializers.normal(0.02)
-    self.u = param(normal(rngs.params(), (num_heads, head_dim)), (HEADS, KV), param_dtype)
-    self.v = param(normal(rngs.params(), (num_heads, head_dim)), (HEADS, KV), param_dtype)
+    self.u = param(normal(rngs.params(), (num_heads, head_dim)), (HEADS, KV))
+    self.v = param(normal(rngs.params(), (num_heads, head_dim)), (HEADS, KV))
     # Haiku's Linear default: a truncated normal of stddev 1/sqrt(fan_in).
     self.W_r = nnx.Linear(d_model, d_model, use_bias=False,
                           kernel_init=haiku_truncated_normal(1.0 / np.sqrt(d_model)),
-                          param_dtype=param_dtype, kernel_metadata=annotation((EMBED, HEADS)),
-                          rngs=rngs)
+                          param_dtype=scope_param_dtype(),
+                          kernel_metadata=annotation((EMBED, HEADS)), rngs=rngs)
 
   @classmethod
-  def build(cls, *, d_model, num_heads, max_positions, causal, rngs, base=10000.0,
-            dtype=None, param_dtype=jnp.float32):
-    del max_positions, dtype  # any relative position: computed, no table; bias in float32
-    return cls(d_model, num_heads, causal, rngs=rngs, base=base, param_dtype=param_dtype)
+  def build(cls, *, d_model, num_heads, max_positions, causal, rngs, base=10000.0):
+    del max_positions  # any relative position: computed, no table
+    return cls(d_model, num_heads, causal, rngs=rngs, base=base)
 
   def score_contribution(self, context: ScoreContext) -> DenseBias:
     """-> `DenseBias` float32 `[B, H, T_q, T_k]` (module docstring)."""

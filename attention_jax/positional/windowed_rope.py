@@ -98,13 +98,11 @@ class WindowedRoPE(RoPE):
   @classmethod
   def build(cls, *, d_model, num_heads, max_positions, causal, rngs,
             num_windowed_heads: Optional[int] = None, windows: Sequence[int] = (),
-            window: int = 2, sink: bool = False, base: float = 10000.0,
-            dtype=None, param_dtype=jnp.float32):
+            window: int = 2, sink: bool = False, base: float = 10000.0):
     """Options: `num_windowed_heads` M (None or -1: len(windows), or all heads),
     `windows` one width per windowed head (default `window` each), `window`,
     `sink` (keys at id 0 visible to every windowed head), `base` (RoPE)."""
-    # Symmetric by design; no parameters: rotates q and k in their dtype.
-    del max_positions, causal, rngs, dtype, param_dtype
+    del max_positions, causal, rngs  # symmetric by design; no parameters
     windows = resolve_windows(num_heads, num_windowed_heads, windows, window)
     sink = flag_option('windowed_rope', 'sink', sink)
     base = real_option('windowed_rope', 'base', base, above=1,

@@ -197,11 +197,10 @@ class XPos(PositionalEncoding):
 
   @classmethod
   def build(cls, *, d_model, num_heads, max_positions, causal, rngs,
-            base: float = 10000.0, scale_base: float = 512.0, centre: int = 0,
-            dtype=None, param_dtype=jnp.float32):
+            base: float = 10000.0, scale_base: float = 512.0, centre: int = 0):
     """Options: `base` > 1 (RoPE's, default 10,000), `scale_base` γ > 0
     (default 512, the official), `centre` (integer, default 0)."""
-    del max_positions, rngs, dtype, param_dtype  # no table, no parameters: q and k's dtype
+    del max_positions, rngs  # no table, no parameters
     return cls(d_model // num_heads, base, scale_base, centre, causal)
 
   def position_limit(self, dtype=jnp.float32) -> int:

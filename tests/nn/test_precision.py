@@ -3,6 +3,8 @@ parameters stored in `param_dtype`, computation in `dtype` (None: inferred
 from inputs and parameters), the float32 parts kept float32, float32 logits,
 and bad values refused by name."""
 
+import inspect
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -194,26 +196,38 @@ class BadDtypeTest(parameterized.TestCase):
     with self.assertRaisesRegex(TypeError, f'^{owner}: param_dtype=None is not a dtype'):
       build(param_dtype=None)
 
-  def test_an_encoding_registered_without_dtypes_keeps_float32_or_refuses(self):
+  def test_an_encoding_registered_from_outside_gets_param_dtype(self):
 
     class Offsets(aj.PositionalEncoding):
+      """Makes its parameter with nnx.Param directly, in float32."""
+
+      def __init__(self, num_heads):
+        self.offsets = nnx.Param(jnp.arange(num_heads, dtype=jnp.float32))
 
       @classmethod
       def build(cls, *, d_model, num_heads, max_positions, causal, rngs):
-        del d_model, num_heads, max_positions, causal, rngs
-        return cls()
+        del d_model, max_positions, causal, rngs
+        return cls(num_heads)
 
       def score_contribution(self, context):
         return aj.NoBias()
 
-    aj.register_encoding('offsets_without_dtypes', Offsets)
-    self.addCleanup(aj.ENCODINGS.pop, 'offsets_without_dtypes')
-    self.assertIsInstance(aj.make_encoding('offsets_without_dtypes', d_model=8, num_heads=2),
-                          Offsets)
-    with self.assertRaisesRegex(ValueError, r"'offsets_without_dtypes' \(Offsets\): "
-                                r'dtype=bfloat16 and param_dtype=float32 were asked for, but '
-                                'its build takes no dtype and param_dtype keywords'):
-      _lm('offsets_without_dtypes', dtype=jnp.bfloat16)
+    aj.register_encoding('offsets_from_outside', Offsets)
+    self.addCleanup(aj.ENCODINGS.pop, 'offsets_from_outside')
+    enc = aj.make_encoding('offsets_from_outside', d_model=8, num_heads=2,
+                           param_dtype=jnp.bfloat16)
+    self.assertEqual(enc.offsets[...].dtype, jnp.bfloat16)
+    chex.assert_trees_all_equal(enc.offsets[...], jnp.arange(2, dtype=jnp.bfloat16))
+    model = _lm('offsets_from_outside', param_dtype=jnp.float16)
+    self.assertEqual(_param_dtypes(model), {jnp.dtype(jnp.float16)})
+
+  def test_build_signatures_list_only_the_encodings_options(self):
+    # The lab reads a build's keywords as the encoding's options (its configs
+    # and run records): the dtypes reach it through make_encoding's scope.
+    for name, cls in aj.ENCODINGS.items():
+      parameters = inspect.signature(cls.build).parameters
+      self.assertNotIn('dtype', parameters, name)
+      self.assertNotIn('param_dtype', parameters, name)
 
 
 if __name__ == '__main__':
