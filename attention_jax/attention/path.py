@@ -27,9 +27,10 @@ dense logits of a full causal pass, O(T²) memory), `path_logits_at`
 `HouseholderScores` through which an encoding hands them to attention.
 The O(T) memory kernel is `path_blockwise.py`.
 
-Layout: per-token arrays in Flax's order, q `[B, T_q, H, D]`, k and w `[B,
-T_k, H_kv, D]`, β `[B, T_k, H_kv]`; H_kv divides H (grouped-query attention:
-query head h reads key head h // (H / H_kv), as the keys). Logits are
+Layout: per-token arrays in Flax's order, q `[B, T_q, H, D]`, k `[B, T_k,
+H_kv, D]`, w `[B, T_k, G, D]`, β `[B, T_k, G]`; H_kv and G divide H
+(grouped-query attention: query head h reads key head h // (H / H_kv) and
+transform head h // (H / G); FLA has G = H_kv). Logits are
 float32 `[B, H, T_q, T_k]`, not scaled by 1/√D. All arithmetic is float32
 at HIGHEST precision (the UT inverse is a triangular solve: TPUs' default
 bf16 passes would lose it), whatever the input dtype.
@@ -55,15 +56,16 @@ def _mm(spec: str, *args):
 
 
 def check_path_inputs(q, k, w, beta, origin: str = 'PaTH') -> None:
-  """A ValueError naming the shapes unless q `[B, T_q, H, D]`, k and w `[B|1,
-  T_k, H_kv, D]`, β `[B|1, T_k, H_kv]` with H_kv dividing H."""
+  """A ValueError naming the shapes unless q `[B, T_q, H, D]`, k `[B, T_k,
+  H_kv, D]`, w `[B|1, T_k, G, D]`, β `[B|1, T_k, G]`, H_kv and G dividing H."""
   qs, ks, ws, bs = (tuple(jnp.shape(a)) for a in (q, k, w, beta))
-  if (len(qs) != 4 or len(ks) != 4 or len(ws) != 4 or ws[1:] != ks[1:] or len(bs) != 3
-      or bs[1:] != ks[1:3] or bs[0] != ws[0] or ws[0] not in (1, ks[0])
-      or ks[3] != qs[3] or ks[2] < 1 or qs[2] % ks[2]):
-    raise ValueError(f'{origin}: takes q [B, T_q, H, D], k and w [B, T_k, H_kv, D], beta '
-                     f'[B, T_k, H_kv] (w and beta may have batch 1) with H_kv dividing H, '
-                     f'got q {qs}, k {ks}, w {ws}, beta {bs}.')
+  if (len(qs) != 4 or len(ks) != 4 or len(ws) != 4 or len(bs) != 3
+      or ws[1] != ks[1] or ws[3] != ks[3] or bs != ws[:3] or ws[0] not in (1, ks[0])
+      or ks[0] != qs[0] or ks[3] != qs[3] or min(ks[2], ws[2]) < 1
+      or qs[2] % ks[2] or qs[2] % ws[2]):
+    raise ValueError(f'{origin}: takes q [B, T_q, H, D], k [B, T_k, H_kv, D], w [B, T_k, G, '
+                     f'D] and beta [B, T_k, G] (w and beta may have batch 1) with H_kv and G '
+                     f'dividing H, got q {qs}, k {ks}, w {ws}, beta {bs}.')
 
 
 def heads_first(x, num_heads: int) -> jnp.ndarray:
@@ -156,8 +158,8 @@ def path_logits(q, k, w, beta, *, block_size: Optional[int] = None) -> jnp.ndarr
   Args:
     q: queries `[B, T, H, D]`.
     k: keys `[B, T, H_kv, D]`.
-    w: unit Householder directions `[B|1, T, H_kv, D]`.
-    beta: β in (0, 2) (any real works) `[B|1, T, H_kv]`.
+    w: unit Householder directions `[B|1, T, G, D]`, G dividing H.
+    beta: β in (0, 2) (any real works) `[B|1, T, G]`.
     block_size: the block length of the UT form (default 64); the result
       does not depend on it beyond float32 rounding.
 
@@ -255,7 +257,7 @@ class HouseholderScores(ScoreSpec):
   (`path_blockwise`) reads q, k, w and β.
 
   q `[B, T_q, H, D]` and k `[B, T_k, H_kv, D]`: the call's (the scores are
-  theirs); w `[B|1, T_k, H_kv, D]` unit vectors, beta `[B|1, T_k, H_kv]`;
+  theirs); w `[B|1, T_k, G, D]` unit vectors, beta `[B|1, T_k, G]`;
   q_slots int `[T_q]` each query's key slot, or None for a full causal pass
   (query i at slot i, T_q == T_k); block_size the UT form's block (None:
   64).

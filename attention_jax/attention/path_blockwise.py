@@ -19,7 +19,8 @@ k_values[j] added to the scaled scores (FLA adds the gate before scaling:
 the encoding scales the values, `positional/path.py`).
 
 Shapes: q `[B, T, H, D]`, k `[B, T, H_kv, D]`, v `[B, T, H_kv, D_v]`, w `[B|1,
-T, H_kv, D]`, β `[B|1, T, H_kv]`, out `[B, T, H, D_v]` in v's dtype.
+T, G, D]`, β `[B|1, T, G]` (H_kv and G dividing H), out `[B, T, H, D_v]` in
+v's dtype.
 Arithmetic in float32 (scores, softmax, the Householder transforms).
 """
 
@@ -65,8 +66,8 @@ def path_attention(q, k, v, w, beta, gate=None, *, kv_lengths=None,
     q: queries `[B, T, H, D]`.
     k: keys `[B, T, H_kv, D]`, H_kv dividing H.
     v: values `[B, T, H_kv, D_v]`.
-    w: unit Householder directions `[B|1, T, H_kv, D]`.
-    beta: `[B|1, T, H_kv]`, in (0, 2) for PaTH (any real is computed).
+    w: unit Householder directions `[B|1, T, G, D]`, G dividing H.
+    beta: `[B|1, T, G]`, in (0, 2) for PaTH (any real is computed).
     gate: None, cumulative log gates c `[B|1, T, H]` (c_i − c_j is added to
       the scaled scores), or a pair (q_values, k_values) of those.
     kv_lengths: int `[B]`: keys at index >= kv_lengths[b] are padding.

@@ -42,9 +42,13 @@ def naive_path_attn(q, k, v, w, beta, g, scale, chunk_size=64):
   q, k, w, w_beta = split(q), split(k), split(w), split(w_beta)
   mask = np.triu(np.ones((bt, bt), bool), 0)
   t_mat = -jnp.where(mask, 0.0, w_beta @ jnp.swapaxes(w, -1, -2))
-  for i in range(1, bt):
-    t_mat = t_mat.at[..., i, :i].set(
-        t_mat[..., i, :i] + (t_mat[..., i, :, None] * t_mat[..., :, :i]).sum(-2))
+  # for i in range(1, BT): T[..., i, :i] += (T[..., i, :, None] * T[..., :, :i]).sum(-2),
+  # as a fori_loop over rows (columns >= i masked), so that it traces once.
+  def row(i, t_mat):
+    update = (t_mat[..., i, :, None] * t_mat).sum(-2)
+    new = jnp.where(jnp.arange(bt) < i, t_mat[..., i, :] + update, t_mat[..., i, :])
+    return jax.lax.dynamic_update_index_in_dim(t_mat, new, i, axis=-2)
+  t_mat = jax.lax.fori_loop(1, bt, row, t_mat)
   t_mat = t_mat + jnp.eye(bt)
   twbk = t_mat @ jnp.where(mask, 0.0, w_beta @ jnp.swapaxes(k, -1, -2))
   qw = jnp.tril(q @ jnp.swapaxes(w, -1, -2))
@@ -167,10 +171,11 @@ class PathAgainstFlaReferenceTest(chex.TestCase, parameterized.TestCase):
       out = fn(*a)
       return jnp.sum(out * jnp.cos(jnp.arange(out.size).reshape(out.shape)))
 
-    want = naive_path_attn(*args, scale, chunk_size=chunk)
+    want = jax.jit(lambda *a: naive_path_attn(*a, scale, chunk_size=chunk))(*args)
     got = dense_path(*args, block_size=chunk)
     chex.assert_trees_all_close(got, want, atol=2e-5, rtol=2e-5)
-    grad_of = lambda fn: jax.grad(lambda *a: loss(fn, *a), argnums=range(6))(*args)
+    # jit: the reference's loops run eagerly op by op otherwise.
+    grad_of = lambda fn: jax.jit(jax.grad(lambda *a: loss(fn, *a), argnums=range(6)))(*args)
     grads_want = grad_of(lambda *a: naive_path_attn(*a, scale, chunk_size=chunk))
     grads_got = grad_of(lambda *a: dense_path(*a, block_size=chunk))
     if not gate:  # g is the zeros the reference is given for none
@@ -186,7 +191,7 @@ class PathAgainstFlaReferenceTest(chex.TestCase, parameterized.TestCase):
     got_fn = lambda q, k, v, w, beta, g: path_attention(
         q, k, v, w, beta, jnp.cumsum(g, 1) * scale, block_size=4)
     chex.assert_trees_all_close(got_fn(*args), want_fn(*args), atol=2e-5, rtol=2e-5)
-    grads = [jax.grad(lambda *a: loss(f(*a)), argnums=range(6))(*args)
+    grads = [jax.jit(jax.grad(lambda *a: loss(f(*a)), argnums=range(6)))(*args)
              for f in (got_fn, want_fn)]
     chex.assert_trees_all_close(grads[0], grads[1], atol=2e-4, rtol=2e-4)
 
