@@ -163,7 +163,7 @@ class PaTH(PositionalEncoding):
     and `weight_std` (>= 0) as FLA's layer; `block_size` (>= 1 or None) the
     UT form's block. Defaults: FLA's."""
     del max_positions  # any length: nothing is tabulated
-    name = 'path_fox' if forget_gate else 'path'
+    name = 'path_fox' if forget_gate is True else 'path'
     if not causal:
       raise ValueError(f'{name}: PaTH is causal (a key is carried through the transforms '
                        'of the tokens after it, up to the query); causal=False is not '
