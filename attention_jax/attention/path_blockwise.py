@@ -48,13 +48,12 @@ from attention_jax.attention.scores import one_of_each
 AUTO_MIN_KEYS = 256
 
 
-def _gate_rows(values, h: int, c: int, t: int):
+def _gate_rows(values, h: int, c: int):
   """`[B|1, T, H]` -> float32 `[B|1, H, n, c]` (zeros past T)."""
   values = jnp.moveaxis(jnp.asarray(values, jnp.float32), -1, 1)
   if values.shape[1] != h:
     raise ValueError(f'path_attention: gate values need one per query head ({h}), got '
                      f'{values.shape[1]}.')
-  del t
   return _blocks(values, c)
 
 
@@ -94,7 +93,7 @@ def path_attention(q, k, v, w, beta, gate=None, *, kv_lengths=None,
     gq = gk = jnp.zeros((1, h, n, c), jnp.float32)
   else:
     q_values, k_values = gate if isinstance(gate, (tuple, list)) else (gate, gate)
-    gq, gk = _gate_rows(q_values, h, c, t), _gate_rows(k_values, h, c, t)
+    gq, gk = _gate_rows(q_values, h, c), _gate_rows(k_values, h, c)
   slot = jnp.arange(n * c).reshape(n, c)
   valid = (slot < t)[None, None]  # [1, 1, n, c]: keys that exist
   if kv_lengths is not None:
