@@ -96,6 +96,23 @@ def _blocks(x, c: int, axis: int = 2):
   return x.reshape(*x.shape[:axis], (t + pad) // c, c, *x.shape[axis + 1:])
 
 
+def unit_lower_inverse(lower: jnp.ndarray) -> jnp.ndarray:
+  """(I + L)⁻¹ for L strictly lower triangular `[..., c, c]` (its upper part
+  ignored), by recursive 2 × 2 block inversion: [[A, 0], [C, B]]⁻¹ = [[A⁻¹,
+  0], [−B⁻¹ C A⁻¹, B⁻¹]]. The same arithmetic as forward substitution
+  (stable, no powers of L), in O(log c) levels of batched matmuls: XLA:CPU's
+  batched triangular solve was most of PaTH's time (benchmarks/path_attention.py)."""
+  c = lower.shape[-1]
+  if c == 1:
+    return jnp.ones(lower.shape, jnp.float32)
+  h = c // 2
+  a = unit_lower_inverse(lower[..., :h, :h])
+  b = unit_lower_inverse(lower[..., h:, h:])
+  off = -_mm('...ij,...jk->...ik', b, _mm('...ij,...jk->...ik', lower[..., h:, :h], a))
+  top = jnp.concatenate([a, jnp.zeros(a.shape[:-1] + (c - h,), jnp.float32)], -1)
+  return jnp.concatenate([top, jnp.concatenate([off, b], -1)], -2)
+
+
 def householder_blocks(k, w, beta, c: int) -> dict:
   """The UT form of each block's Householder product.
 
@@ -114,10 +131,7 @@ def householder_blocks(k, w, beta, c: int) -> dict:
   strict = jnp.tril(jnp.ones((c, c), bool), -1)
   bw = bb * wb
   lower = jnp.where(strict, _mm('...rd,...sd->...rs', bw, wb), 0.0)
-  eye = jnp.eye(c, dtype=jnp.float32)
-  # T = (I + L)⁻¹, L strictly lower: a unit-triangular solve, O(c³) per block.
-  t_mat = jax.scipy.linalg.solve_triangular(
-      eye + lower, jnp.broadcast_to(eye, lower.shape), lower=True, unit_diagonal=True)
+  t_mat = unit_lower_inverse(lower)
   twb = _mm('...rs,...sd->...rd', t_mat, bw)
   twbk = _mm('...rs,...sj->...rj', t_mat,
              jnp.where(strict, _mm('...sd,...jd->...sj', bw, kb), 0.0))

@@ -33,7 +33,6 @@ import numpy as np
 from attention_jax.attention.path import HouseholderScores
 from attention_jax.attention.path import _blocks
 from attention_jax.attention.path import _mm
-from attention_jax.attention.path import across
 from attention_jax.attention.path import block_size_for
 from attention_jax.attention.path import check_path_inputs
 from attention_jax.attention.path import heads_first
@@ -111,6 +110,15 @@ def path_attention(q, k, v, w, beta, gate=None, *, kv_lengths=None,
     return (m_new, l * alpha + jnp.sum(p, -1),
             acc * alpha[..., None] + _mm('...qk,...kd->...qd', p, values))
 
+  # The key blocks newest first, then n - 1 blocks of zeros: query block i
+  # reads blocks i - 1, i - 2, … as one slice of n - 1 from row n - i (rows
+  # past block 0 are masked). One slice per query block, whose gradient is
+  # one update, where indexing per step would scatter into the whole array.
+  newest_first = lambda a: jnp.concatenate(
+      [jnp.flip(a, 2), jnp.zeros(a.shape[:2] + (n - 1,) + a.shape[3:], a.dtype)], 2)
+  earlier = [newest_first(a) for a in (prep['k_local'], prep['trans'], vb,
+                                       jnp.broadcast_to(gk, gk.shape), valid)]
+
   def query_block(i):
     g_i = at(gq, i)[..., :, None]
     start = (jnp.full(g_i.shape[:-1], MASK_VALUE, jnp.float32),
@@ -119,16 +127,20 @@ def path_attention(q, k, v, w, beta, gate=None, *, kv_lengths=None,
     stats = update(start, at(a_local, i) * scale + g_i - at(gk, i)[..., None, :],
                    tril & at(valid, i)[..., None, :], at(vb, i))
 
-    def step(carry, back):
+    def step(carry, block):
       q_prime, stats = carry
-      j = jnp.maximum(i - back, 0)  # key block j = i - back; none for back > i
-      scores, moved = across(q_prime, prep, j)
-      keep = (i >= back) & at(valid, j)[..., None, :]
-      stats = update(stats, scores * scale + g_i - at(gk, j)[..., None, :], keep, at(vb, j))
+      back, k_j, trans_j, v_j, g_j, valid_j = block  # key block j = i - back
+      scores = _mm('...rd,...jd->...rj', q_prime, k_j)
+      keep = (i >= back) & valid_j[..., None, :]
+      stats = update(stats, scores * scale + g_i - g_j[..., None, :], keep, v_j)
+      moved = q_prime - _mm('...rd,...de->...re', q_prime, trans_j)
       return (jnp.where(i >= back, moved, q_prime), stats), None
 
     if n > 1:
-      (_, stats), _ = jax.lax.scan(step, (at(q_local, i), stats), jnp.arange(1, n))
+      blocks = [jnp.moveaxis(jax.lax.dynamic_slice_in_dim(a, n - i, n - 1, axis=2), 2, 0)
+                for a in earlier]
+      (_, stats), _ = jax.lax.scan(step, (at(q_local, i), stats),
+                                   (jnp.arange(1, n), *blocks))
     _, l, acc = stats
     return jnp.where(l[..., None] > 0, acc / jnp.where(l > 0, l, 1.0)[..., None], 0.0)
 
