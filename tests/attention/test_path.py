@@ -10,6 +10,8 @@ from absl.testing import parameterized
 
 import attention_jax as aj
 from attention_jax.attention import path
+from attention_jax.attention.capabilities import Request
+from attention_jax.attention.path_blockwise import AUTO_MIN_KEYS
 from attention_jax.attention.path_blockwise import path_attention
 
 
@@ -268,8 +270,6 @@ class PathBlockwiseTest(chex.TestCase, parameterized.TestCase):
                                       mask=aj.causal_mask(8), implementation='path_blockwise')
 
   def test_auto_picks_blockwise_from_its_threshold(self):
-    from attention_jax.attention.capabilities import Request  # pylint: disable=g-import-not-at-top
-    from attention_jax.attention.path_blockwise import AUTO_MIN_KEYS  # pylint: disable=g-import-not-at-top
     for t, want in ((AUTO_MIN_KEYS - 1, 'dense'), (AUTO_MIN_KEYS, 'path_blockwise')):
       request = Request(t_k=t, dtype=jnp.float32, head_dim=8, causal=True,
                         scores=(path.HouseholderScores,))
