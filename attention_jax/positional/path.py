@@ -59,8 +59,9 @@ ours differs:
   token's features (as FoX's gates), and a query at slot p applies H_s for
   s <= p only (`path_logits_at`), so the cached keys stay valid when slots
   are rewritten (the library's greedy decoding prefills teacher-forced
-  tokens, then overwrites them). Equal results; O(T · (C + D)) work per
-  decoded token instead of O(T · D).
+  tokens, then overwrites them). Equal results; but each decoded token
+  recomputes the cache's UT forms, O(T · C · D) work with blocks of C
+  (FLA: O(T · D) for the rank-one update of every cached key).
 * Left out: `use_qk_norm` (default off there), variable-length packing
   (`cu_seqlens`; here right padding with `kv_lengths`), the attention-
   residual extras of FLA's model. Causal only, as the op: `causal=False`
