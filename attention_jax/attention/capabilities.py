@@ -41,6 +41,7 @@ class Kernel:
   value_dim: bool = True  # takes D_v != D
   window: str = 'symmetric'  # windows: 'none', 'left' (with causal only) or 'symmetric'
   padding: bool = True  # takes kv_lengths
+  causal_only: bool = False  # serves causal attention only (PaTH's transforms run forward)
   length_multiple: int = 1  # T_q and T_k multiples of this
   score_broadcast: bool = True  # takes a mask or bias of size 1 along T_q or T_k
   bias_length_multiple: int = 1  # with a mask or a bias: T_q and T_k multiples of this
@@ -148,6 +149,8 @@ def shape_obstacles(kernel: Kernel, request: Request) -> list[str]:
   window = window_obstacle(kernel, request)
   if window:
     found.append(window)
+  if kernel.causal_only and not request.causal:
+    found.append('causal=False (it serves causal attention only)')
   if request.kv_lengths and not kernel.padding:
     found.append('kv_lengths= (key padding)')
   return found

@@ -28,6 +28,12 @@ its `accepts`.
   biases (forgetting attention's gates), both built block by block; softmax
   and stick-breaking; no weights. 'auto' takes it from
   `AUTO_CHUNKED_MIN_KEYS` keys on.
+* 'path_blockwise' (`path_blockwise.py`): PaTH attention (a
+  `HouseholderScores` spec, `path.py`) block by block, O(T) memory, with a
+  difference bias (PaTH-FoX's gate); causal only, kv_lengths, no window or
+  dense mask; softmax; no weights. 'auto' takes it for PaTH from
+  `path_blockwise.AUTO_MIN_KEYS` keys on; below, the dense kernel
+  materialises the spec.
 * 'tpu_flash' (`tpu_flash.py`): JAX's Pallas flash attention, TPU only;
   any bias, materialised to the full [B, H, T_q, T_k] (O(T²) memory, which
   is why it comes after 'chunked': 'auto' takes it for a dense bias);
@@ -70,6 +76,9 @@ from attention_jax.attention.partition import batch_obstacle
 from attention_jax.attention.partition import context_mesh
 from attention_jax.attention.partition import per_device
 from attention_jax.attention.pallas_tpu import pallas_tpu_kernel
+from attention_jax.attention.path import HouseholderScores
+from attention_jax.attention.path_blockwise import AUTO_MIN_KEYS as PATH_AUTO_MIN_KEYS
+from attention_jax.attention.path_blockwise import path_blockwise_kernel
 from attention_jax.attention.scores import DenseBias
 from attention_jax.attention.scores import DifferenceBias
 from attention_jax.attention.scores import LinearBias
@@ -114,6 +123,10 @@ KERNELS = {
                       accepts=frozenset({LinearBias, DifferenceBias}),
                       normalizations=('softmax', 'stick_breaking'),
                       auto_min_keys=AUTO_CHUNKED_MIN_KEYS, soft_cap=True, sinks=True),
+    'path_blockwise': Kernel(path_blockwise_kernel, weights=False, dense_mask=False,
+                             accepts=frozenset({HouseholderScores, DifferenceBias}),
+                             window='none', causal_only=True,
+                             auto_min_keys=PATH_AUTO_MIN_KEYS),
     'tpu_flash': Kernel(tpu_flash_kernel, weights=False, dense_mask=False, accepts=ANY_SPEC,
                         dtypes=('float32', 'bfloat16'), backends=('tpu',),
                         head_dim=((1, 128), (128, None)), value_dim=False, window='none',

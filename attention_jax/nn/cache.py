@@ -250,7 +250,8 @@ class KVCache:
         q_history=heads_first(cache['query']).astype(q.dtype) if 'query' in cache else None))
     # The mask moves with `start`, which blocks do not express; the queries
     # are one token (or a prompt), cheap on the other kernels.
-    implementation = 'auto' if self.implementation == 'chunked' else self.implementation
+    implementation = ('auto' if self.implementation in ('chunked', 'path_blockwise')
+                      else self.implementation)
     values = heads_first(cache['value']).astype(v.dtype)
     if self.remainder is not None:  # stick-breaking's 'head_bias' (nn.stick_breaking)
       values = self.remainder.values(values)

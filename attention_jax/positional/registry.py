@@ -29,6 +29,8 @@ from attention_jax.positional.mta import MultiTokenAttention
 from attention_jax.positional.parameters import check_dtypes
 from attention_jax.positional.parameters import precision
 from attention_jax.positional.p_rope import PRoPE
+from attention_jax.positional.path import PaTH
+from attention_jax.positional.path import PaTHFoX
 from attention_jax.positional.rope import RoPE
 from attention_jax.positional.sinusoidal import Sinusoidal
 from attention_jax.positional.t5 import T5RelativeBias
@@ -55,6 +57,8 @@ ENCODINGS = {
     'dape': DAPE,  # Zheng et al. 2024: KERPLE/ALiBi bias + an MLP of (q·k/√D, bias) over heads, O(T²)
     'relative': TransformerXL,  # Dai et al. 2019 as Delétang/Ruoss et al. 2023: u, v, sin/cos keys
     'mta': MultiTokenAttention,  # Golovneva et al. 2025: NoPE scores convolved over queries × keys, O(T²)
+    'path': PaTH,  # Yang et al. 2025: q·k through Householder transforms read from each token
+    'path_fox': PaTHFoX,  # PaTH with FoX's forget gate (FLA's use_forget_gate=True)
 }
 
 
