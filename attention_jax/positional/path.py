@@ -83,6 +83,10 @@ from attention_jax.positional.base import flag_option
 from attention_jax.positional.base import integer_option
 from attention_jax.positional.base import real_option
 from attention_jax.positional.forgetting import cumulative_log_gates
+from attention_jax.positional.parameters import EMBED
+from attention_jax.positional.parameters import HEADS
+from attention_jax.positional.parameters import KV_HEADS
+from attention_jax.positional.parameters import param
 
 HIGHEST = jax.lax.Precision.HIGHEST
 W_RANK = 32  # FLA's low-rank w projection: d_model -> 32 -> H_kv·D
@@ -139,18 +143,21 @@ class PaTH(PositionalEncoding):
     self.causal = True  # MultiHeadAttention refuses a causal=False module with it
     self.forget_gate, self.block_size = forget_gate, block_size
     width = self.num_kv_heads * self.head_dim
-    normal = lambda *shape: nnx.Param(
-        weight_std * jax.random.normal(rngs.params(), shape, jnp.float32))
+    # Axis names for sharding (`parameters.param`): w's flattened
+    # kv_heads × head_dim width and its low rank stay unnamed (replicated).
+    normal = lambda axes, *shape: param(
+        weight_std * jax.random.normal(rngs.params(), shape, jnp.float32), axes)
     if low_rank_w:
-      self.w_down, self.w_up = normal(d_model, W_RANK), normal(W_RANK, width)
+      self.w_down = normal((EMBED, None), d_model, W_RANK)
+      self.w_up = normal((None, None), W_RANK, width)
     else:
-      self.w_down, self.w_up = normal(d_model, width), None
-    self.w_conv = normal(conv_size, width) if conv_size else None
-    self.beta_kernel = normal(d_model, self.num_kv_heads)
-    self.beta_bias = nnx.Param(jnp.zeros((self.num_kv_heads,), jnp.float32))
+      self.w_down, self.w_up = normal((EMBED, None), d_model, width), None
+    self.w_conv = normal((None, None), conv_size, width) if conv_size else None
+    self.beta_kernel = normal((EMBED, KV_HEADS), d_model, self.num_kv_heads)
+    self.beta_bias = param(jnp.zeros((self.num_kv_heads,), jnp.float32), (KV_HEADS,))
     if forget_gate:
-      self.gate_kernel = normal(d_model, num_heads)
-      self.gate_bias = nnx.Param(jnp.zeros((num_heads,), jnp.float32))
+      self.gate_kernel = normal((EMBED, HEADS), d_model, num_heads)
+      self.gate_bias = param(jnp.zeros((num_heads,), jnp.float32), (HEADS,))
     else:
       self.gate_kernel = self.gate_bias = None
 
