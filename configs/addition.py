@@ -33,6 +33,7 @@ try:  # installed: the presets ship as attention_jax.configs
 except ModuleNotFoundError:  # the clone, run from its root: configs/ is a top-level package
   from configs import copy
 
+from attention_jax.lab import preset_arguments
 from attention_jax.lab.entries import entry_config
 
 # Named variants (study.variants): parts of an entry (`none:abacus`, `fire:hints`).
@@ -57,24 +58,11 @@ STUDIES = {
 SCALES = ('cpu', 'paper', 'tiny')
 
 
-def _parse(arg):
-  preset = dict(encoding=None, scale='cpu', study='default')
-  for item in filter(None, (arg or '').split(',')):
-    key, _, value = item.partition('=')
-    if key not in preset or not value:
-      raise ValueError(
-          f'bad config argument {item!r}; expected key=value with key in '
-          f'{sorted(preset)}, e.g. configs/addition.py:encoding=fire:abacus,scale=tiny.')
-    preset[key] = value
-  if preset['scale'] not in SCALES:
-    raise ValueError(f"scale={preset['scale']!r}: choose {', '.join(SCALES)}.")
-  if preset['study'] not in STUDIES:
-    raise ValueError(f"study={preset['study']!r}: choose {', '.join(STUDIES)}.")
-  return preset
-
-
 def get_config(arg=None):
-  preset = _parse(arg)
+  preset = preset_arguments.parse(
+      arg, dict(encoding=None, scale='cpu', study='default'),
+      choices=dict(scale=SCALES, study=tuple(STUDIES)),
+      example='configs/addition.py:encoding=fire:abacus,scale=tiny')
   # The copy config's fields (model, positions, train, eval, study; each
   # documented there), with what addition changes below.
   c = copy.get_config('scale=tiny' if preset['scale'] == 'tiny' else None)

@@ -33,10 +33,24 @@ Presets by `:arg`, comma-separated `key=value`:
                   bidirectionally, with :randomized for those their code
                   randomizes)
 
-Any field can be overridden: `--config.train.steps=2000`.
+Any field can be overridden: `--config.train.num_steps=2000`. The field
+names are the copy study's (configs/copy.py): `train.num_steps`,
+`train.steps_per_call`, `train.checkpoint_every`, `train.stop_after`,
+`train.max_minutes`, `eval.num_samples`, `eval.batch_size`, `study.seeds`,
+`study.shard`, `study.on_locked`, `study.report_only`.
+
+At scale: a setting's training is checkpointed every
+`train.checkpoint_every` steps (an interrupt loses at most that many; the
+same command resumes, bit for bit), a SLURM array (or
+`--config.study.shard="(INDEX,COUNT)"`) splits the groups of settings
+between jobs, one job at a time per group (a lock), and `train.max_minutes`
+ends an invocation cleanly (checkpointed, exit status 75) for a job that
+requeues itself.
 """
 
 import ml_collections
+
+from attention_jax.lab import preset_arguments
 
 TASKS = ('even_pairs', 'modular_arithmetic', 'parity_check', 'cycle_navigation',
          'stack_manipulation', 'reverse_string', 'modular_arithmetic_brackets',
@@ -48,33 +62,23 @@ ENCODINGS = ('none', 'sinusoidal', 'relative', 'alibi', 'rope', 'sinusoidal:rand
              'relative:randomized', 'alibi:randomized', 'rope:randomized')
 
 
-def _parse(arg):
-  options = dict(scale='cpu', tasks=None, encodings=None)
-  for part in filter(None, (arg or '').split(',')):
-    key, eq, value = part.partition('=')
-    if not eq or key not in options:
-      raise ValueError(f'invalid config: preset argument {part!r}; use comma-separated '
-                       f'key=value with key one of {sorted(options)}.')
-    options[key] = value
-  for key in ('tasks', 'encodings'):
-    if options[key] is not None and not options[key]:
-      raise ValueError(f'invalid config: preset argument {key}= is empty; name at least one '
-                       f'(A+B), or leave {key} out for the default.')
-  if options['scale'] not in SCALES:
-    raise ValueError(f'invalid config: scale={options["scale"]!r}; choose one of '
-                     f'{sorted(SCALES)}.')
-  return options
-
-
 def get_config(arg=None):
-  options = _parse(arg)
+  options = preset_arguments.parse(
+      arg, dict(scale='cpu', tasks=TASKS, encodings=ENCODINGS), choices=dict(scale=SCALES),
+      lists=('tasks', 'encodings'), example='configs/chomsky.py:scale=tiny,tasks=parity_check')
   c = ml_collections.ConfigDict()
   c.kind = 'chomsky'  # what a workdir of this config holds (experiments.chomsky)
-  c.tasks = TASKS if not options['tasks'] else tuple(options['tasks'].split('+'))
-  c.encodings = ENCODINGS if not options['encodings'] else tuple(
-      options['encodings'].split('+'))
-  c.seeds = (0, 1, 2)  # each draws a model's parameters and its training data
-  c.learning_rates = (1e-3,)  # a grid: the setting's score is the best run over seeds × rates
+  c.study = ml_collections.ConfigDict()
+  c.study.tasks = tuple(options['tasks'])  # any of attention_jax.lab.tasks.SPECS
+  c.study.encodings = tuple(options['encodings'])  # registry names, NAME:randomized
+  c.study.seeds = (0, 1, 2)  # each draws a model's parameters and its training data
+  # A grid: the setting's score is the best run over seeds × rates.
+  c.study.learning_rates = (1e-3,)
+  # (INDEX, COUNT): train the groups of settings of shard INDEX of COUNT (a
+  # cluster array); () = from SLURM's array variables if set, else all.
+  c.study.shard = ()
+  c.study.on_locked = 'refuse'  # a group another job trains: 'refuse' (one line) or 'wait'
+  c.study.report_only = False  # write the outputs from the recorded settings; train nothing
 
   c.model = ml_collections.ConfigDict()
   c.model.num_layers = 5  # theirs: 5
@@ -88,19 +92,25 @@ def get_config(arg=None):
   c.model.encoding_options = ml_collections.ConfigDict({'alibi': {'left_offset': 0.5}})
 
   c.train = ml_collections.ConfigDict()
-  c.train.steps = 10_000  # set by the scale
-  c.train.chunk = 100  # steps per compiled call (steps must be a multiple)
+  c.train.num_steps = 10_000  # optimizer steps; set by the scale
+  c.train.steps_per_call = 100  # steps per compiled call (divides the step counts here)
   c.train.log_every = 500  # progress line every this many steps
+  c.train.checkpoint_every = 5_000  # steps between checkpoints of a group in training
+  c.train.checkpoint_keep = 2  # newest checkpoints kept per group
+  c.train.stop_after = 0  # stop cleanly (checkpointed) when a group reaches this step; 0: never
+  # Minutes this invocation may train before it stops cleanly (checkpointed,
+  # exit status 75: run it again to continue); 0: no limit.
+  c.train.max_minutes = 0.0
   c.train.batch_size = 128  # theirs: 128
   c.train.min_length = 1  # one length per batch, uniform in [min, max]; theirs: 1
   c.train.max_length = 40  # theirs: 40
-  c.train.max_grad_norm = 1.0  # global-norm clipping before Adam; theirs: 1.0
+  c.train.grad_clip_norm = 1.0  # global-norm clipping before Adam; theirs: 1.0
 
   c.eval = ml_collections.ConfigDict()
   c.eval.min_length = 1  # every length min … max is evaluated (theirs: 1 …)
   c.eval.max_length = 500  # theirs: 500
-  c.eval.samples = 512  # examples per length; theirs: 512
-  c.eval.sub_batch = 64  # examples per forward pass; theirs: 64
+  c.eval.num_samples = 512  # examples per length; theirs: 512
+  c.eval.batch_size = 64  # examples per forward pass; theirs: 64 (their score averages these)
   c.eval.seed = 1  # evaluation data, the same for every run; theirs: 1
   c.eval.bucket = 50  # lengths padded to multiples of this (one compile each); 0: one
   c.eval.cache = False  # keep the evaluation data for the next encoding (memory: all of it)
@@ -119,14 +129,15 @@ def _cpu(c):
   c.model.num_layers = 2
   c.model.d_model = 32
   c.model.num_heads = 4
-  c.train.steps = 1_000
+  c.train.num_steps = 1_000
   c.train.log_every = 500
+  c.train.checkpoint_every = 500
   c.train.batch_size = 16
   c.train.max_length = 10
   c.eval.min_length = 11
   c.eval.max_length = 40
-  c.eval.samples = 64
-  c.eval.sub_batch = 64
+  c.eval.num_samples = 64
+  c.eval.batch_size = 64
   c.eval.bucket = 20
   c.eval.cache = True
   c.model.noise_max_length = 256
@@ -139,26 +150,28 @@ def _paper(c):
   # batch 128, 1,000,000 steps, max_grad_norm 1.0, test lengths to 500,
   # uniform curriculum on 1–40, 5 layers of width 64, dropout 0.1; the
   # reported score is the maximum over the 10 seeds (same issue).
-  c.seeds = tuple(range(10))
-  c.learning_rates = (1e-4, 3e-4, 5e-4)
-  c.train.steps = 1_000_000
+  c.study.seeds = tuple(range(10))
+  c.study.learning_rates = (1e-4, 3e-4, 5e-4)
+  c.train.num_steps = 1_000_000
   c.train.log_every = 10_000
-  c.train.chunk = 1_000
+  c.train.steps_per_call = 1_000
+  c.train.checkpoint_every = 10_000
 
 
 def _tiny(c):
   c.model.num_layers = 1
   c.model.d_model = 16
   c.model.num_heads = 2
-  c.seeds = (0, 1)
-  c.train.steps = 4
-  c.train.chunk = 2
+  c.study.seeds = (0, 1)
+  c.train.num_steps = 4
+  c.train.steps_per_call = 2
   c.train.log_every = 2
+  c.train.checkpoint_every = 2
   c.train.batch_size = 4
   c.train.max_length = 4
   c.eval.max_length = 7
-  c.eval.samples = 4
-  c.eval.sub_batch = 2
+  c.eval.num_samples = 4
+  c.eval.batch_size = 2
   c.eval.bucket = 0
   c.model.noise_max_length = 64
 

@@ -40,6 +40,7 @@ Any field can be overridden: `--config.model.num_heads=8`.
 
 import ml_collections
 
+from attention_jax.lab import preset_arguments
 from attention_jax.lab.entries import entry_config
 
 # Named variants of the default model (study.variants): an entry (or
@@ -99,27 +100,11 @@ SCALES = ('cpu', 'paper', 'tiny')
 _RENAMED = {'size': 'scale= (cpu, paper, tiny) or study= (generalize, all, frontier)'}
 
 
-def _parse(arg):
-  preset = dict(encoding=None, task=None, scale='cpu', study='default')
-  for item in filter(None, (arg or '').split(',')):
-    key, _, value = item.partition('=')
-    if key in _RENAMED:
-      raise ValueError(f'config argument {item!r}: {key}= is now {_RENAMED[key]}, e.g. '
-                       'configs/copy.py:scale=paper,study=frontier.')
-    if key not in preset or not value:
-      raise ValueError(
-          f'bad config argument {item!r}; expected key=value with key in '
-          f'{sorted(preset)}, e.g. configs/copy.py:encoding=rope,scale=paper.')
-    preset[key] = value
-  if preset['scale'] not in SCALES:
-    raise ValueError(f"scale={preset['scale']!r}: choose {', '.join(SCALES)}.")
-  if preset['study'] not in STUDIES:
-    raise ValueError(f"study={preset['study']!r}: choose {', '.join(STUDIES)}.")
-  return preset
-
-
 def get_config(arg=None):
-  preset = _parse(arg)
+  preset = preset_arguments.parse(
+      arg, dict(encoding=None, task=None, scale='cpu', study='default'),
+      choices=dict(scale=SCALES, study=tuple(STUDIES)), renamed=_RENAMED,
+      example='configs/copy.py:encoding=rope,scale=paper')
   study = STUDIES[preset['study']]
   tasks = (preset['task'],) if preset['task'] else study['tasks']
   c = ml_collections.ConfigDict()

@@ -21,8 +21,8 @@ from ml_collections import config_flags
 
 from attention_jax.lab import presets
 from attention_jax.lab.diagnose import run_diagnostics
-from attention_jax.lab.runtime import entry_point
-from attention_jax.lab.runtime import parse_flags
+from attention_jax.lab.process import entry_point
+from attention_jax.lab.command_line import parse_flags
 
 _CONFIG = presets.DEFINE_config_file(
     'config', 'copy', 'Study configuration.')
@@ -34,7 +34,7 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   flag = flags.FLAGS['config']
   given = flag.present or config_flags.get_override_values(flag)
-  with entry_point(_CONFIG.value):
+  with entry_point(_CONFIG.value, _WORKDIR.value):
     run_diagnostics(_CONFIG.value if given else None, _WORKDIR.value)
   print(f'Figures: {_WORKDIR.value}/attention_maps_*.png, attention_entropy.png')
 

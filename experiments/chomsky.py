@@ -6,7 +6,8 @@ seeds; any task of `attention_jax.lab.tasks.SPECS` runs under it.
 
 Writes settings/…/*.json (one per task × encoding × learning rate),
 results.csv, summary.md and chomsky.png into --workdir. Re-running the same
-command skips finished settings. See configs/chomsky.py for presets,
+command skips finished settings and resumes a group in training from its
+checkpoint; on a cluster, a job array shares the work (`study.shard`). See configs/chomsky.py for presets,
 expected results and runtime.
 """
 
@@ -15,8 +16,8 @@ from absl import flags
 
 from attention_jax.lab import presets
 from attention_jax.lab.chomsky.suite import run_suite
-from attention_jax.lab.runtime import entry_point
-from attention_jax.lab.runtime import parse_flags
+from attention_jax.lab.process import entry_point
+from attention_jax.lab.command_line import parse_flags
 
 _CONFIG = presets.DEFINE_config_file('config', 'chomsky', 'Suite configuration.')
 _WORKDIR = flags.DEFINE_string('workdir', 'runs/chomsky', 'Where outputs are written.')
@@ -25,8 +26,10 @@ _WORKDIR = flags.DEFINE_string('workdir', 'runs/chomsky', 'Where outputs are wri
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  with entry_point(_CONFIG.value):
-    run_suite(_CONFIG.value, _WORKDIR.value)
+  with entry_point(_CONFIG.value, _WORKDIR.value):
+    records = run_suite(_CONFIG.value, _WORKDIR.value)
+  if records is None:  # a shard whose siblings are still training
+    return
   print(open(f'{_WORKDIR.value}/summary.md').read())
   print(f'Figure: {_WORKDIR.value}/chomsky.png')
 

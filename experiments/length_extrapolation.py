@@ -5,7 +5,7 @@ evaluate long.
       --workdir=runs/study [--config.study.seeds="(0,1)"] [...]
 
 Writes results.csv, summary.md and extrapolation.png into --workdir, and each
-run into --workdir/runs/. Re-running the same command skips finished runs.
+run into --workdir/TASK/LABEL/seedN/. Re-running the same command skips finished runs.
 See configs/copy.py for presets, expected results and runtime.
 """
 
@@ -13,9 +13,9 @@ from absl import app
 from absl import flags
 
 from attention_jax.lab import presets
-from attention_jax.lab.runtime import check_study_overrides
-from attention_jax.lab.runtime import entry_point
-from attention_jax.lab.runtime import parse_flags
+from attention_jax.lab.command_line import check_study_overrides
+from attention_jax.lab.process import entry_point
+from attention_jax.lab.command_line import parse_flags
 from attention_jax.lab.study import run_study
 
 _CONFIG = presets.DEFINE_config_file(
@@ -26,7 +26,7 @@ _WORKDIR = flags.DEFINE_string('workdir', 'runs/study', 'Where outputs are writt
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  with entry_point(_CONFIG.value):
+  with entry_point(_CONFIG.value, _WORKDIR.value):
     check_study_overrides()
     written = run_study(_CONFIG.value, _WORKDIR.value)
   if not written:  # a shard whose sweep is unfinished: the last shard writes them

@@ -20,9 +20,9 @@ from absl import app
 from absl import flags
 
 from attention_jax.lab import workdirs
-from attention_jax.lab.runtime import USAGE_ERROR
-from attention_jax.lab.runtime import parse_flags
-from attention_jax.lab.validate import ConfigError
+from attention_jax.lab.process import USAGE_ERROR
+from attention_jax.lab.command_line import parse_flags
+from attention_jax.lab.errors import ConfigError
 
 _WORKDIRS = flags.DEFINE_multi_string('workdir', None, 'Workdir(s) to read.', required=True)
 _OUT = flags.DEFINE_string('out', None, 'Where to write the figures.')

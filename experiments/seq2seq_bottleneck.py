@@ -18,8 +18,8 @@ from attention_jax.lab import evaluate
 from attention_jax.lab import presets
 from attention_jax.lab import tasks
 from attention_jax.lab.plots import plot_alignments
-from attention_jax.lab.runtime import entry_point
-from attention_jax.lab.runtime import parse_flags
+from attention_jax.lab.process import entry_point
+from attention_jax.lab.command_line import parse_flags
 from attention_jax.lab.study import run_study
 
 _CONFIG = presets.DEFINE_config_file(
@@ -44,7 +44,7 @@ def draw_heatmap(model, config, run_dir):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  with entry_point(_CONFIG.value):  # validates, then creates the workdir
+  with entry_point(_CONFIG.value, _WORKDIR.value):  # validates, then creates the workdir
     run_study(_CONFIG.value, _WORKDIR.value, on_trained=draw_heatmap)
   print(open(os.path.join(_WORKDIR.value, 'summary.md')).read())
   print(f'Figures: {_WORKDIR.value}/extrapolation.png, attention_heatmap.png')

@@ -15,8 +15,8 @@ from absl import flags
 
 from attention_jax.lab import presets
 from attention_jax.lab import results
-from attention_jax.lab.runtime import entry_point
-from attention_jax.lab.runtime import parse_flags
+from attention_jax.lab.process import entry_point
+from attention_jax.lab.command_line import parse_flags
 from attention_jax.lab.study import run_one
 
 _CONFIG = presets.DEFINE_config_file(
@@ -29,7 +29,7 @@ _REEVALUATE = flags.DEFINE_bool(
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  with entry_point(_CONFIG.value):
+  with entry_point(_CONFIG.value, _WORKDIR.value):
     rows = run_one(_CONFIG.value, _WORKDIR.value, log=print, reevaluate=_REEVALUATE.value)
   print(results.run_table(rows))
 

@@ -1,4 +1,4 @@
-"""A non-editable install runs the experiments from any folder (issue 23).
+"""A non-editable install runs the experiments from any folder.
 
 Builds a wheel from a copy of the tree, installs it with `pip --target`
 (the test's interpreter already holds the dependencies), and runs the

@@ -1,5 +1,5 @@
 """The library stands alone: it never imports the lab or the lab's tools; and
-the package declares every third-party import (issue 13, E)."""
+the package declares every third-party import."""
 
 import ast
 import os

@@ -18,6 +18,10 @@ from attention_jax.attention.dispatch import register_kernel
 from attention_jax.attention.dispatch import scaled_dot_product_attention
 from attention_jax.attention.dispatch import select_implementation
 from attention_jax.attention.normalization import NORMALIZATIONS
+from attention_jax.attention.path import HouseholderScores
+from attention_jax.attention.path import path_logits
+from attention_jax.attention.path import path_logits_at
+from attention_jax.attention.path_blockwise import path_attention
 from attention_jax.attention.normalization import StickBreaking
 from attention_jax.attention.stick_breaking import stick_breaking_attention
 from attention_jax.attention.masks import attention_mask_from_tokens

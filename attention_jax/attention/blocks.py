@@ -14,11 +14,15 @@ import jax.numpy as jnp
 
 from attention_jax.attention.scores import linear_bias
 from attention_jax.attention.scores import relative_distance
+from attention_jax.attention.soft_cap import soft_cap
+from attention_jax.attention.soft_cap import soft_cap_slope
 
 
 def block_scores(q_blk, k_blk, q_start, k_start, kv_len, slopes, qv_blk=None, kv_blk=None,
-                 qs_blk=None, ks_blk=None, *, scale, causal, t_k, window, keys_first=False):
-  """Scores and keep-mask of one block pair.
+                 qs_blk=None, ks_blk=None, *, scale, causal, t_k, window, keys_first=False,
+                 cap=None):
+  """Scores and keep-mask of one block pair, soft-capped by `cap` (None: not)
+  after the biases.
 
   Returns scores float32 and keep bool, both `[G, qc, kc]`, or `[G, kc, qc]`
   when `keys_first` (the backward's orientation, see `backward_block`). Keys
@@ -42,6 +46,7 @@ def block_scores(q_blk, k_blk, q_start, k_start, kv_len, slopes, qv_blk=None, kv
       s = s + (qv_blk[:, None, :] - kv_blk[:, :, None])
     else:
       s = s + (qv_blk[:, :, None] - kv_blk[:, None, :])
+  s = soft_cap(s, cap)
   keep = key_index[None] < jnp.minimum(kv_len, t_k)[:, None, None]
   if causal:
     keep = keep & (distance >= 0)[None]
@@ -66,7 +71,7 @@ def normalise(m, l, acc):
 
 def backward_block(q_blk, do_blk, lse_blk, delta_blk, k_blk, v_blk, k_t_blk, q_start,
                    k_start, kv_len, slopes, qv_blk=None, kv_blk=None, qs_blk=None,
-                   ks_blk=None, *, scale, causal, t_k, window):
+                   ks_blk=None, *, scale, causal, t_k, window, cap=None):
   """FlashAttention's gradient contributions of one block pair, recomputing
   its probabilities from the row log-sum-exp.
 
@@ -80,16 +85,18 @@ def backward_block(q_blk, do_blk, lse_blk, delta_blk, k_blk, v_blk, k_t_blk, q_s
   Returns: dq_t `[G, D, qc]`, dk `[G, kc, D]`, dv `[G, kc, Dv]`, and with a
   difference bias d q_values `[G, qc]` and d k_values `[G, kc]` (else None),
   float32. The bias gradient is dS itself (the bias is added after the
-  scale): its row sums for the query values, minus its column sums for the
-  key values.
+  scale), times the soft cap's slope 1 - tanh² with a `cap`: its row sums
+  for the query values, minus its column sums for the key values.
   """
   s_t, keep = block_scores(q_blk, k_blk, q_start, k_start, kv_len, slopes, qv_blk, kv_blk,
                            qs_blk, ks_blk, scale=scale, causal=causal, t_k=t_k, window=window,
-                           keys_first=True)
+                           keys_first=True, cap=cap)
   p_t = jnp.where(keep, jnp.exp(s_t - lse_blk), 0.0)
   dv = jnp.einsum('gkq,gqd->gkd', p_t, do_blk)
   dp_t = jnp.einsum('gkd,gqd->gkq', v_blk, do_blk, preferred_element_type=jnp.float32)
   dbias_t = p_t * (dp_t - delta_blk)
+  if cap is not None:
+    dbias_t = dbias_t * soft_cap_slope(s_t, keep, cap)
   ds_t = dbias_t * scale
   dq_t = jnp.einsum('gdk,gkq->gdq', k_t_blk, ds_t, preferred_element_type=jnp.float32)
   dk = jnp.einsum('gkq,gqd->gkd', ds_t, q_blk, preferred_element_type=jnp.float32)

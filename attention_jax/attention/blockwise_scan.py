@@ -27,6 +27,7 @@ from attention_jax.attention.blocks import backward_block
 from attention_jax.attention.blocks import block_scores
 from attention_jax.attention.blocks import normalise
 from attention_jax.attention.dense import MASK_VALUE
+from attention_jax.attention.sink_logits import join_sink
 
 
 def _key_block_range(q_start, qc, kc, num_k_blocks, causal, window):
@@ -62,14 +63,15 @@ def _segment_block_range(first, stop, qs, q_start, q_chunk, k_ranges):
   return first, jnp.maximum(first, stop)
 
 
-def forward_group(q, k, v, kv_len, slopes, qv, kv, qs, ks, *, causal, q_chunk, k_chunk,
-                  t_k, window):
-  """Returns out `[G, Tq', Dv]` float32 and the row log-sum-exp `[G, Tq']`."""
+def forward_group(q, k, v, kv_len, slopes, qv, kv, qs, ks, sink, *, causal, q_chunk,
+                  k_chunk, t_k, window, cap):
+  """Returns out `[G, Tq', Dv]` float32 and the row log-sum-exp `[G, Tq']`
+  (with the sink logits `sink` `[G]`, if given, in its denominator)."""
   scale = 1.0 / math.sqrt(q.shape[-1])
   num_k_blocks = k.shape[1] // k_chunk
   g, dv = q.shape[0], v.shape[-1]
   scores = functools.partial(block_scores, scale=scale, causal=causal, t_k=t_k,
-                             window=window)
+                             window=window, cap=cap)
   k_ranges = None if ks is None else _id_ranges(ks, k_chunk)
 
   def one_q_block(q_start):
@@ -98,7 +100,10 @@ def forward_group(q, k, v, kv_len, slopes, qv, kv, qs, ks, *, causal, q_chunk, k
     first, stop = _segment_block_range(
         *_key_block_range(q_start, q_chunk, k_chunk, num_k_blocks, causal, window),
         qs, q_start, q_chunk, k_ranges)
-    return normalise(*jax.lax.fori_loop(first, stop, body, init))
+    m, l, acc = jax.lax.fori_loop(first, stop, body, init)
+    if sink is not None:
+      m, l, acc = join_sink(m, l, acc, sink[:, None])
+    return normalise(m, l, acc)
 
   out, lse = jax.lax.map(one_q_block, jnp.arange(0, q.shape[1], q_chunk))
   # [nq, G, qc, Dv], [nq, G, qc] -> [G, Tq', Dv], [G, Tq']
@@ -112,13 +117,13 @@ def _slice(x, start, size):
 
 
 def backward_group(q, k, v, k_t, kv_len, slopes, qv, kv, qs, ks, delta, lse, dout, *,
-                   causal, q_chunk, k_chunk, t_k, window):
+                   causal, q_chunk, k_chunk, t_k, window, cap):
   """dq, dk, dv (float32, shaped as q, k, v) and d qv, d kv (None without a
   difference bias), recomputing each block. k_t is k transposed `[G, D, Tk']`,
   delta = rowsum(dO ∘ O) `[G, Tq']`."""
   num_k_blocks = k.shape[1] // k_chunk
   grads = functools.partial(backward_block, scale=1.0 / math.sqrt(q.shape[-1]),
-                            causal=causal, t_k=t_k, window=window)
+                            causal=causal, t_k=t_k, window=window, cap=cap)
   k_ranges = None if ks is None else _id_ranges(ks, k_chunk)
 
   def one_q_block(carry, q_start):

@@ -26,6 +26,7 @@ from attention_jax.attention.blocks import backward_block
 from attention_jax.attention.blocks import block_scores
 from attention_jax.attention.blocks import normalise
 from attention_jax.attention.dense import MASK_VALUE
+from attention_jax.attention.sink_logits import join_sink
 
 
 def _visible_keys(q_start, qc, t_k, causal, window):
@@ -44,12 +45,13 @@ def _cols(x, lo, hi):
   return None if x is None else x[:, lo:hi]
 
 
-def forward_group(q, k, v, kv_len, slopes, qv, kv, qs, ks, *, causal, q_chunk, t_k,
-                  window):
-  """Returns out `[G, Tq', Dv]` float32 and the row log-sum-exp `[G, Tq']`."""
+def forward_group(q, k, v, kv_len, slopes, qv, kv, qs, ks, sink, *, causal, q_chunk, t_k,
+                  window, cap):
+  """Returns out `[G, Tq', Dv]` float32 and the row log-sum-exp `[G, Tq']`
+  (with the sink logits `sink` `[G]`, if given, in its denominator)."""
   g, dv = q.shape[0], v.shape[-1]
   scores = functools.partial(block_scores, scale=1.0 / math.sqrt(q.shape[-1]),
-                             causal=causal, t_k=t_k, window=window)
+                             causal=causal, t_k=t_k, window=window, cap=cap)
   outs, lses = [], []
   for q_start in range(0, q.shape[1], q_chunk):
     lo, hi = _visible_keys(q_start, q_chunk, t_k, causal, window)
@@ -64,19 +66,22 @@ def forward_group(q, k, v, kv_len, slopes, qv, kv, qs, ks, *, causal, q_chunk, t
     m = s.max(-1)
     p = jnp.where(keep, jnp.exp(s - m[..., None]), 0.0)
     acc = jnp.einsum('gqk,gkd->gqd', p, v[:, lo:hi], preferred_element_type=jnp.float32)
-    out, lse = normalise(m, p.sum(-1), acc)
+    l = p.sum(-1)
+    if sink is not None:
+      m, l, acc = join_sink(m, l, acc, sink[:, None])
+    out, lse = normalise(m, l, acc)
     outs.append(out)
     lses.append(lse)
   return jnp.concatenate(outs, axis=1), jnp.concatenate(lses, axis=1)
 
 
 def backward_group(q, k, v, k_t, kv_len, slopes, qv, kv, qs, ks, delta, lse, dout, *,
-                   causal, q_chunk, t_k, window):
+                   causal, q_chunk, t_k, window, cap):
   """dq, dk, dv (float32, shaped as q, k, v) and d qv, d kv (None without a
   difference bias). k_t is k transposed `[G, D, Tk']`, delta = rowsum(dO ∘ O)
   `[G, Tq']`."""
   grads = functools.partial(backward_block, scale=1.0 / math.sqrt(q.shape[-1]),
-                            causal=causal, t_k=t_k, window=window)
+                            causal=causal, t_k=t_k, window=window, cap=cap)
   dqs, dqvs = [], []
   dk, dv = jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32)
   dkv = None if kv is None else jnp.zeros(kv.shape, jnp.float32)

@@ -25,7 +25,9 @@ class Kernel:
   specs (`scores.py`),
   each of a class in `accepts` (the call's `bias=` array is a `DenseBias`
   among them), normalization None (softmax) or a `StickBreaking`, q_slots
-  int `[T_q]` or None (stick-breaking over a cache).
+  int `[T_q]` or None (stick-breaking over a cache); and, only when the
+  call sets them (rows with `soft_cap` / `sinks`), `logit_soft_cap` a
+  positive float and `sinks` float32 `[H]`.
   """
   run: Callable
   weights: bool  # can return the attention weights
@@ -45,6 +47,7 @@ class Kernel:
   # The normalizations under which it takes segment ids (packed documents,
   # `segments.py`); empty: none.
   segment_ids: tuple[str, ...] = ()
+  causal_only: bool = False  # serves causal attention only (PaTH's transforms run forward)
   length_multiple: int = 1  # T_q and T_k multiples of this
   score_broadcast: bool = True  # takes a mask or bias of size 1 along T_q or T_k
   bias_length_multiple: int = 1  # with a mask or a bias: T_q and T_k multiples of this
@@ -56,6 +59,12 @@ class Kernel:
   # XLA can partition it across a mesh (False: a Pallas custom call, run per
   # device on its share of the batch, `partition.py`).
   partitionable: bool = True
+  # Logit soft-capping (`logit_soft_cap=`, `soft_cap.py`) and learned sink
+  # logits (`sinks=`, `sink_logits.py`), built in by the row; a row that
+  # serves one takes that keyword in its run function (the dispatcher passes
+  # it only when the call sets it).
+  soft_cap: bool = False
+  sinks: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +89,8 @@ class Request:
   score_broadcast: bool = False  # a mask or bias of size 1 along T_q or T_k
   batch: int = 1
   segment_ids: bool = False  # packed documents: segment ids on queries and keys
+  soft_cap: bool = False  # logit_soft_cap= given
+  sinks: bool = False  # sinks= given
 
 
 def kind_of(spec) -> type:
@@ -111,6 +122,17 @@ def window_obstacle(kernel: Kernel, request: Request) -> Optional[str]:
   return None
 
 
+def logit_obstacles(kernel: Kernel, request: Request, servers) -> list[str]:
+  """The call's soft cap and sink logits, where `kernel` does not serve
+  them; `servers(column)` names the rows that do."""
+  found = []
+  if request.soft_cap and not kernel.soft_cap:
+    found.append(f'logit_soft_cap= (it does not cap the scores; {servers("soft_cap")})')
+  if request.sinks and not kernel.sinks:
+    found.append(f'sinks= (its softmax has no learned sink logit; {servers("sinks")})')
+  return found
+
+
 def shape_obstacles(kernel: Kernel, request: Request) -> list[str]:
   """The obstacles of lengths, head dims and structure."""
   found = []
@@ -134,6 +156,8 @@ def shape_obstacles(kernel: Kernel, request: Request) -> list[str]:
   window = window_obstacle(kernel, request)
   if window:
     found.append(window)
+  if kernel.causal_only and not request.causal:
+    found.append('causal=False (it serves causal attention only)')
   if request.kv_lengths and not kernel.padding:
     found.append('kv_lengths= (key padding)')
   return found

@@ -28,7 +28,10 @@ j only where their ids are equal, `segments.py`). Key blocks entirely above
 the causal diagonal or outside the window are never computed, so windowed
 attention costs O(T · window); with segment ids 'scan' also skips the key
 blocks that hold no id of the query block (`blockwise_scan.py`), 'unrolled'
-masks them. Arbitrary dense masks and biases belong to `dense.py`.
+masks them. Gemma 2's logit soft-capping (`soft_cap.py`) acts on each
+block's scores, and gpt-oss's learned sink logits (`sink_logits.py`) join
+each row's running max and normaliser once, after its last key block: still
+O(T) memory. Arbitrary dense masks and biases belong to `dense.py`.
 
 Shapes: q `[B, T_q, H, D]`, k `[B, T_k, H, D]`, v `[B, T_k, H, D_v]`;
 out `[B, T_q, H, D_v]` in the dtype of v. Arithmetic in float32. Inside, the
@@ -54,6 +57,9 @@ from attention_jax.attention.scores import DifferenceBias
 from attention_jax.attention.scores import LinearBias
 from attention_jax.attention.scores import one_of_each
 from attention_jax.attention.segments import check_segment_ids
+from attention_jax.attention.sink_logits import check_sinks
+from attention_jax.attention.sink_logits import sink_gradient
+from attention_jax.attention.soft_cap import check_soft_cap
 
 STRATEGIES = ('scan', 'unrolled', 'auto')
 # 'auto' unrolls up to this many queries and keys: the length up to which
@@ -71,35 +77,35 @@ def _groups(x, g):
   return None if x is None else x.reshape(-1, g, *x.shape[1:])
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(9, 10, 11, 12, 13, 14, 15))
-def _chunked(q, k, v, kv_len, slopes, qv, kv, qs, ks, strategy, causal, q_chunk, k_chunk,
-             t_k, window, group):
-  out, _ = _chunked_fwd(q, k, v, kv_len, slopes, qv, kv, qs, ks, strategy, causal, q_chunk,
-                        k_chunk, t_k, window, group)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(10, 11, 12, 13, 14, 15, 16, 17))
+def _chunked(q, k, v, kv_len, slopes, qv, kv, qs, ks, sink, strategy, causal, q_chunk,
+             k_chunk, t_k, window, group, cap):
+  out, _ = _chunked_fwd(q, k, v, kv_len, slopes, qv, kv, qs, ks, sink, strategy, causal,
+                        q_chunk, k_chunk, t_k, window, group, cap)
   return out
 
 
-def _options(strategy, causal, q_chunk, k_chunk, t_k, window):
-  options = dict(causal=causal, q_chunk=q_chunk, t_k=t_k, window=window)
+def _options(strategy, causal, q_chunk, k_chunk, t_k, window, cap):
+  options = dict(causal=causal, q_chunk=q_chunk, t_k=t_k, window=window, cap=cap)
   if strategy == 'scan':
     return blockwise_scan, dict(options, k_chunk=k_chunk)
   return blockwise_unrolled, options
 
 
-def _chunked_fwd(q, k, v, kv_len, slopes, qv, kv, qs, ks, strategy, causal, q_chunk,
-                 k_chunk, t_k, window, group):
-  impl, options = _options(strategy, causal, q_chunk, k_chunk, t_k, window)
+def _chunked_fwd(q, k, v, kv_len, slopes, qv, kv, qs, ks, sink, strategy, causal, q_chunk,
+                 k_chunk, t_k, window, group, cap):
+  impl, options = _options(strategy, causal, q_chunk, k_chunk, t_k, window, cap)
   out, lse = jax.lax.map(lambda a: impl.forward_group(*a, **options),
                          tuple(_groups(x, group)
-                               for x in (q, k, v, kv_len, slopes, qv, kv, qs, ks)))
+                               for x in (q, k, v, kv_len, slopes, qv, kv, qs, ks, sink)))
   out, lse = out.reshape(*q.shape[:2], v.shape[-1]), lse.reshape(q.shape[:2])
-  return out, (q, k, v, kv_len, slopes, qv, kv, qs, ks, out, lse)
+  return out, (q, k, v, kv_len, slopes, qv, kv, qs, ks, sink, out, lse)
 
 
-def _chunked_bwd(strategy, causal, q_chunk, k_chunk, t_k, window, group, residuals,
+def _chunked_bwd(strategy, causal, q_chunk, k_chunk, t_k, window, group, cap, residuals,
                  dout):
-  q, k, v, kv_len, slopes, qv, kv, qs, ks, out, lse = residuals
-  impl, options = _options(strategy, causal, q_chunk, k_chunk, t_k, window)
+  q, k, v, kv_len, slopes, qv, kv, qs, ks, sink, out, lse = residuals
+  impl, options = _options(strategy, causal, q_chunk, k_chunk, t_k, window, cap)
   dout = dout.astype(jnp.float32)
   delta = jnp.einsum('nqd,nqd->nq', dout, out)  # rowsum(dO ∘ O), [N, Tq']
   k_t = jnp.swapaxes(k, 1, 2)  # [N, D, Tk']: dQᵀ's operand, see blocks.backward_block
@@ -110,7 +116,7 @@ def _chunked_bwd(strategy, causal, q_chunk, k_chunk, t_k, window, group, residua
   return (dq.reshape(q.shape).astype(q.dtype), dk.reshape(k.shape).astype(k.dtype),
           dv.reshape(v.shape).astype(v.dtype), None,
           None if slopes is None else jnp.zeros_like(slopes), flat(dqv, qv), flat(dkv, kv),
-          None, None)
+          None, None, None if sink is None else sink_gradient(sink, lse, delta))
 
 
 _chunked.defvjp(_chunked_fwd, _chunked_bwd)
@@ -132,7 +138,9 @@ def chunked_attention(
     difference: Optional[tuple[jnp.ndarray, jnp.ndarray]] = None,
     window: Optional[int] = None, strategy: str = 'auto', q_chunk: Optional[int] = None,
     k_chunk: int = 512, heads_per_step: Optional[int] = None,
-    segment_ids: Optional[tuple[jnp.ndarray, jnp.ndarray]] = None) -> jnp.ndarray:
+    segment_ids: Optional[tuple[jnp.ndarray, jnp.ndarray]] = None,
+    logit_soft_cap: Optional[float] = None,
+    sinks: Optional[jnp.ndarray] = None) -> jnp.ndarray:
   """Exact attention without a T_q × T_k matrix; see the module docstring.
 
   Args:
@@ -158,6 +166,12 @@ def chunked_attention(
       × keys floats whatever the batch.
     segment_ids: optional int (q ids `[B, T_q]`, kv ids `[B, T_k]`): query i
       keeps key j only where the ids are equal (`segments.py`).
+    logit_soft_cap: optional c > 0: each block's scores, biases added, become
+      `c · tanh(s / c)` before the mask (`soft_cap.py`); the backward
+      multiplies dS by 1 - tanh².
+    sinks: optional float `[H]`, one learned sink logit per query head,
+      joined to each row's running max and normaliser after its last key
+      block (`sink_logits.py`); gradients flow to it.
 
   Returns:
     out `[B, T_q, H, D_v]` in the dtype of `v`. Attention weights are never
@@ -186,6 +200,8 @@ def chunked_attention(
     alibi_slopes = jnp.asarray(alibi_slopes, jnp.float32)
     if alibi_slopes.shape != (h,):
       raise ValueError(f'alibi_slopes must have shape ({h},), got {alibi_slopes.shape}.')
+  check_soft_cap(logit_soft_cap)
+  sinks = check_sinks(sinks, h)
   q_chunk, k_chunk = min(q_chunk, t_q), min(k_chunk, t_k)
   kv_lengths = (jnp.full((b,), t_k, jnp.int32) if kv_lengths is None
                 else jnp.asarray(kv_lengths, jnp.int32))
@@ -197,6 +213,7 @@ def chunked_attention(
     k_r, v_r = pad_to(k_r, 1, k_chunk), pad_to(v_r, 1, k_chunk)
   row_kv_len = jnp.repeat(kv_lengths, h)
   row_slopes = None if alibi_slopes is None else jnp.tile(alibi_slopes, b)
+  row_sinks = None if sinks is None else jnp.tile(sinks, b)
   qv_r = kv_r = None
   if difference is not None:
     qv_r, kv_r = difference_rows(difference, b, h, t_q, t_k)
@@ -208,8 +225,9 @@ def chunked_attention(
     qs_r, ks_r = (_id_rows(x, h, t, chunk) for x, t, chunk in zip(
         segment_ids, (t_q, t_k), (q_chunk, k_chunk if strategy == 'scan' else 1)))
   group = math.gcd(b * h, heads_per_step)
-  out = _chunked(q_r, k_r, v_r, row_kv_len, row_slopes, qv_r, kv_r, qs_r, ks_r, strategy,
-                 causal, q_chunk, k_chunk, t_k, window, group)
+  cap = None if logit_soft_cap is None else float(logit_soft_cap)
+  out = _chunked(q_r, k_r, v_r, row_kv_len, row_slopes, qv_r, kv_r, qs_r, ks_r, row_sinks,
+                 strategy, causal, q_chunk, k_chunk, t_k, window, group, cap)
   out = out[:, :t_q].reshape(b, h, t_q, -1)
   return jnp.transpose(out, (0, 2, 1, 3)).astype(v.dtype)
 
@@ -228,10 +246,12 @@ def _id_rows(ids, h: int, t: int, chunk: int):
 
 def chunked_kernel(q, k, v, *, mask, scores, causal, window, kv_lengths, return_weights,
                    normalization=None, q_slots=None, chunk_size=None,
-                   chunked_strategy='auto', segment_ids=None):
+                   chunked_strategy='auto', segment_ids=None, logit_soft_cap=None,
+                   sinks=None):
   """The 'chunked' row of `dispatch.KERNELS`: structure, segment ids (with
   softmax), and of the score specs a `LinearBias` and a `DifferenceBias`
-  only, no weights; softmax, or stick-breaking
+  only, no weights; softmax (with the soft cap and sink logits if given), or
+  stick-breaking
   (`blockwise_stick_breaking.py`, causal) when normalization is a
   `StickBreaking`. The dispatcher sends nothing else.
   -> (out `[B, T_q, H, D_v]`, None)."""
@@ -245,6 +265,8 @@ def chunked_kernel(q, k, v, *, mask, scores, causal, window, kv_lengths, return_
     if segment_ids is not None:
       raise ValueError('chunked_kernel: stick-breaking with segment ids is not built '
                        'blockwise; the dispatcher sends them to the dense kernel.')
+    if logit_soft_cap is not None or sinks is not None:
+      raise ValueError('chunked_kernel: logit_soft_cap and sinks act on a softmax only.')
     out = chunked_stick_breaking(
         q, k, v, kv_lengths=kv_lengths, alibi_slopes=slopes, difference=values,
         window=window, attend_current=normalization.attend_current,
@@ -252,5 +274,6 @@ def chunked_kernel(q, k, v, *, mask, scores, causal, window, kv_lengths, return_
     return out, None
   out = chunked_attention(q, k, v, causal=causal, kv_lengths=kv_lengths,
                           alibi_slopes=slopes, difference=values, window=window,
-                          strategy=chunked_strategy, segment_ids=segment_ids, **chunks)
+                          strategy=chunked_strategy, segment_ids=segment_ids,
+                          logit_soft_cap=logit_soft_cap, sinks=sinks, **chunks)
   return out, None

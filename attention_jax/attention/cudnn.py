@@ -20,6 +20,10 @@ float16).
 A query row with no key to attend follows jax.nn's convention (the mean of
 V), not ours (zeros, see `dense.py`): this kernel is here for GPU speed, not
 for exactness tests.
+
+`jax.nn.dot_product_attention` takes neither a logit soft cap nor sink
+logits, so the row refuses `logit_soft_cap=` and `sinks=` (its `soft_cap`
+and `sinks` columns are off).
 """
 
 import jax

@@ -8,9 +8,11 @@ Numerics: scores, bias and softmax are float32 whatever the input dtype
 (float64 inputs, with x64 enabled, stay float64); masked
 scores are replaced (`jnp.where`) by a finite large negative, never `-inf`; a
 query row with no key to attend gets all-zero weights and a zero output, with
-zero (finite) gradients.
+zero (finite) gradients. Optional logit soft-capping (`soft_cap.py`) and
+learned sink logits (`sink_logits.py`) act in float32 too.
 """
 
+import functools
 from typing import Optional
 
 import jax
@@ -23,20 +25,35 @@ from attention_jax.attention.masks import structural_mask
 from attention_jax.attention.scores import MASK_VALUE
 from attention_jax.attention.scores import materialise
 from attention_jax.attention.segments import segment_mask
+from attention_jax.attention.sink_logits import check_sinks
+from attention_jax.attention.soft_cap import check_soft_cap
+from attention_jax.attention.soft_cap import soft_cap
 from attention_jax.attention.stick_breaking import stick_breaking_attention
 
 
-def masked_softmax(scores: jnp.ndarray, mask: Optional[jnp.ndarray]) -> jnp.ndarray:
+def masked_softmax(scores: jnp.ndarray, mask: Optional[jnp.ndarray],
+                   sink: Optional[jnp.ndarray] = None) -> jnp.ndarray:
   """Softmax over the last axis of `scores`, restricted to `mask` (True = keep).
 
   Masked entries get exactly zero weight; a row with nothing kept is all
   zeros (not uniform, not NaN), with zero gradients. Computed in the dtype of
-  `scores` (callers pass float32 or wider).
+  `scores` (callers pass float32 or wider). With `sink`, a learned logit
+  (a scalar, `sink_logits.py`) joins the denominator only: the weights of a
+  row sum to less than 1, and a row with nothing kept is all zeros.
   """
+  if mask is not None and mask.dtype != jnp.bool_:
+    raise TypeError(f'mask must be boolean (True = attend), got {mask.dtype}.')
+  if sink is not None:
+    kept = scores if mask is None else jnp.where(mask, scores, MASK_VALUE)
+    sink = jnp.asarray(sink, scores.dtype)
+    # The max only keeps exp() finite; the weights do not depend on it.
+    top = jax.lax.stop_gradient(jnp.maximum(kept.max(-1, keepdims=True), sink))
+    e = jnp.exp(kept - top)
+    if mask is not None:
+      e = jnp.where(mask, e, 0.0)
+    return e / (e.sum(-1, keepdims=True) + jnp.exp(sink - top))
   if mask is None:
     return jax.nn.softmax(scores, axis=-1)
-  if mask.dtype != jnp.bool_:
-    raise TypeError(f'mask must be boolean (True = attend), got {mask.dtype}.')
   weights = jax.nn.softmax(jnp.where(mask, scores, MASK_VALUE), axis=-1)
   # Only changes rows whose keys are all masked: softmax made them uniform.
   return jnp.where(mask, weights, 0.0)
@@ -49,6 +66,8 @@ def dot_product_attention(
     *,
     mask: Optional[jnp.ndarray] = None,
     bias: Optional[jnp.ndarray] = None,
+    logit_soft_cap: Optional[float] = None,
+    sink: Optional[jnp.ndarray] = None,
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
   """One head of `softmax(q kᵀ / √D_k + bias) v` (lesson 7.2).
 
@@ -58,11 +77,15 @@ def dot_product_attention(
     v: values `[T_k, D_v]`.
     mask: optional boolean `[T_q, T_k]` (or broadcastable), True = attend.
     bias: optional additive scores `[T_q, T_k]` (or broadcastable).
+    logit_soft_cap: optional c > 0: the scores, bias added, become
+      `c · tanh(s / c)` before the mask (`soft_cap.py`).
+    sink: optional scalar, this head's learned sink logit, joining the
+      softmax's denominator only (`sink_logits.py`).
 
   Returns:
     `(out, weights)`: out `[T_q, D_v]` in the dtype of `v`; weights
-    `[T_q, T_k]` in float32, each row summing to 1 over attended keys (all
-    zeros for a row whose keys are all masked).
+    `[T_q, T_k]` in float32, each row summing to 1 over attended keys (less
+    than 1 with a sink; all zeros for a row whose keys are all masked).
   """
   if q.ndim != 2 or k.ndim != 2 or v.ndim != 2:
     raise ValueError(
@@ -80,9 +103,10 @@ def dot_product_attention(
   if bias is not None:
     check_broadcast('bias', bias, scores_shape)
     scores = scores + bias.astype(compute_dtype)
+  scores = soft_cap(scores, logit_soft_cap).astype(compute_dtype)
   if mask is not None:
     check_broadcast('mask', mask, scores_shape)
-  weights = masked_softmax(scores, mask)
+  weights = masked_softmax(scores, mask, sink)
   out = jnp.einsum('qk,kd->qd', weights, v, preferred_element_type=compute_dtype)
   return out.astype(v.dtype), weights
 
@@ -94,6 +118,8 @@ def multi_head_attention(
     *,
     mask: Optional[jnp.ndarray] = None,
     bias: Optional[jnp.ndarray] = None,
+    logit_soft_cap: Optional[float] = None,
+    sinks: Optional[jnp.ndarray] = None,
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
   """`dot_product_attention` vmapped over heads and batch (lesson 7.3).
 
@@ -107,23 +133,30 @@ def multi_head_attention(
       per head (ALiBi). Rank 3 is an error (see `as_rank4`). Neither mask nor
       bias is ever broadcast in memory: a size-1 batch or head axis is shared
       across the vmap instead.
+    logit_soft_cap: optional c > 0 (`dot_product_attention`).
+    sinks: optional float `[H]`, one learned sink logit per query head
+      (`sink_logits.py`).
 
   Returns:
     `(out, weights)`: out `[B, T_q, H, D_v]` in the dtype of `v`; weights
     `[B, H, T_q, T_k]` in float32.
   """
-  return map_heads(dot_product_attention, q, k, v, mask=mask, bias=bias,
-                   name='multi_head_attention')
+  check_soft_cap(logit_soft_cap)
+  sinks = check_sinks(sinks, q.shape[2]) if q.ndim == 4 else sinks
+  head = functools.partial(dot_product_attention, logit_soft_cap=logit_soft_cap)
+  return map_heads(head, q, k, v, mask=mask, bias=bias, name='multi_head_attention',
+                   sinks=sinks)
 
 
 def dense_kernel(q, k, v, *, mask, scores, causal, window, kv_lengths, return_weights,
-                 normalization=None, q_slots=None, segment_ids=None, **unused_options):
+                 normalization=None, q_slots=None, segment_ids=None, logit_soft_cap=None,
+                 sinks=None, **unused_options):
   """The 'dense' row of `dispatch.KERNELS`: structure, segment ids (int32
   (q ids `[B, T_q]`, kv ids `[B, T_k]`) or None) as a mask, and the score
   specs (a tuple, any kind with a dense form) materialised, then
-  `multi_head_attention` (softmax) or `stick_breaking_attention`
-  (normalization a `StickBreaking`). Shapes as there; mask rank 4 or None.
-  -> (out, weights or None)."""
+  `multi_head_attention` (softmax, with the soft cap and sink logits if
+  given) or `stick_breaking_attention` (normalization a `StickBreaking`).
+  Shapes as there; mask rank 4 or None. -> (out, weights or None)."""
   del unused_options  # other kernels' options (chunk sizes)
   t_q, t_k = q.shape[1], k.shape[1]
   mask = combine_masks(mask, structural_mask(t_q, t_k, causal=causal, window=window,
@@ -131,7 +164,10 @@ def dense_kernel(q, k, v, *, mask, scores, causal, window, kv_lengths, return_we
                        None if segment_ids is None else segment_mask(*segment_ids))
   bias = materialise(scores, t_q, t_k)
   if normalization is None:
-    out, weights = multi_head_attention(q, k, v, mask=mask, bias=bias)
+    out, weights = multi_head_attention(q, k, v, mask=mask, bias=bias,
+                                        logit_soft_cap=logit_soft_cap, sinks=sinks)
+  elif logit_soft_cap is not None or sinks is not None:
+    raise ValueError('dense_kernel: logit_soft_cap and sinks act on a softmax only.')
   else:
     out, weights = stick_breaking_attention(
         q, k, v, mask=mask, bias=bias, q_slots=q_slots,

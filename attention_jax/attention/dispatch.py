@@ -30,18 +30,33 @@ its `accepts`.
   and difference biases (forgetting attention's gates), both built block by
   block; softmax and stick-breaking (without segment ids); no weights.
   'auto' takes it from `AUTO_CHUNKED_MIN_KEYS` keys on.
+* 'path_blockwise' (`path_blockwise.py`): PaTH attention (a
+  `HouseholderScores` spec, `path.py`) block by block, O(T) memory, with a
+  difference bias (PaTH-FoX's gate); causal only, kv_lengths, no window or
+  dense mask, no segment ids; softmax; no weights. 'auto' takes it for PaTH
+  from `path_blockwise.AUTO_MIN_KEYS` keys on; below, and with segment ids,
+  the dense kernel materialises the spec.
 * 'tpu_flash' (`tpu_flash.py`): JAX's Pallas flash attention, TPU only;
   any bias, materialised to the full [B, H, T_q, T_k] (O(T²) memory, which
   is why it comes after 'chunked': 'auto' takes it for a dense bias);
   causal, kv_lengths, no window; softmax; D_v == D; lengths multiples of 128.
 * 'dense'   (`dense.py`): any mask and bias, segment ids, softmax and
   stick-breaking, returns the weights; O(T²) memory.
+
 Segment ids (packed documents, `segments.py`) are served by the rows that
 declare them (`Kernel.segment_ids`): 'splash', 'pallas_tpu', 'pallas_gpu',
 'chunked' and 'dense' (softmax; 'dense' also stick-breaking). cuDNN through
 jax.nn has none (its packed layout, q_offsets/kv_offsets, is private to
 `jax._src.cudnn`); 'tpu_flash' (JAX's older flash kernel) is not wired for
-them.
+them, nor is 'path_blockwise' (its blocks mask by causality and padding
+only; PaTH with segment ids goes to 'dense').
+
+Gemma 2's `logit_soft_cap` and gpt-oss's learned `sinks` (one logit per
+query head in the softmax's denominator): 'splash', 'pallas_tpu',
+'pallas_gpu', 'chunked' and 'dense' serve them (`Kernel.soft_cap`,
+`Kernel.sinks`), with segment ids too; 'cudnn' and 'tpu_flash' cannot
+(JAX's APIs take neither).
+
 On CPU 'auto' never picks jax.nn's XLA path, whose backward is
 pathologically slow there.
 
@@ -56,6 +71,7 @@ import jax.numpy as jnp
 from attention_jax.attention.capabilities import Kernel
 from attention_jax.attention.capabilities import Request
 from attention_jax.attention.capabilities import kind_of
+from attention_jax.attention.capabilities import logit_obstacles
 from attention_jax.attention.capabilities import takes
 from attention_jax.attention.capabilities import shape_obstacles
 from attention_jax.attention.chunked import STRATEGIES
@@ -71,6 +87,9 @@ from attention_jax.attention.partition import batch_obstacle
 from attention_jax.attention.partition import context_mesh
 from attention_jax.attention.partition import per_device
 from attention_jax.attention.pallas_tpu import pallas_tpu_kernel
+from attention_jax.attention.path import HouseholderScores
+from attention_jax.attention.path_blockwise import AUTO_MIN_KEYS as PATH_AUTO_MIN_KEYS
+from attention_jax.attention.path_blockwise import path_blockwise_kernel
 from attention_jax.attention.scores import DenseBias
 from attention_jax.attention.scores import DifferenceBias
 from attention_jax.attention.scores import LinearBias
@@ -81,6 +100,8 @@ from attention_jax.attention.scores import WindowBias
 from attention_jax.attention.scores import as_terms
 from attention_jax.attention.scores import describe
 from attention_jax.attention.segments import check_segment_ids
+from attention_jax.attention.sink_logits import check_sinks
+from attention_jax.attention.soft_cap import check_soft_cap
 from attention_jax.attention.splash import LENGTH_MULTIPLE
 from attention_jax.attention.splash import splash_kernel
 from attention_jax.attention.tpu_flash import tpu_flash_kernel
@@ -103,17 +124,27 @@ KERNELS = {
     'splash': Kernel(splash_kernel, weights=False, dense_mask=False,
                      dtypes=('float32', 'bfloat16'), backends=('tpu',),
                      length_multiple=LENGTH_MULTIPLE, partitionable=False,
-                     segment_ids=('softmax',)),
+                     segment_ids=('softmax',), soft_cap=True, sinks=True),
     'pallas_tpu': Kernel(pallas_tpu_kernel, weights=False, dense_mask=False,
                          accepts=COMPACT_SPECS, dtypes=('float32', 'bfloat16'),
-                         backends=('tpu',), partitionable=False, segment_ids=('softmax',)),
+                         backends=('tpu',), partitionable=False, segment_ids=('softmax',),
+                         soft_cap=True, sinks=True),
     'pallas_gpu': Kernel(pallas_gpu_kernel, weights=False, dense_mask=False,
                          accepts=COMPACT_SPECS, dtypes=('float32', 'bfloat16', 'float16'),
-                         backends=('gpu',), partitionable=False, segment_ids=('softmax',)),
+                         backends=('gpu',), partitionable=False, segment_ids=('softmax',),
+                         soft_cap=True, sinks=True),
     'chunked': Kernel(chunked_kernel, weights=False, dense_mask=False,
                       accepts=frozenset({LinearBias, DifferenceBias}),
                       normalizations=('softmax', 'stick_breaking'),
-                      segment_ids=('softmax',), auto_min_keys=AUTO_CHUNKED_MIN_KEYS),
+                      segment_ids=('softmax',), auto_min_keys=AUTO_CHUNKED_MIN_KEYS,
+                      soft_cap=True, sinks=True),
+    # No segment ids: its blocks mask by causality and padding only (wiring
+    # them is a keep-mask in `path_blockwise`'s score blocks); PaTH with
+    # segment ids goes to 'dense', which masks the materialised spec.
+    'path_blockwise': Kernel(path_blockwise_kernel, weights=False, dense_mask=False,
+                             accepts=frozenset({HouseholderScores, DifferenceBias}),
+                             window='none', causal_only=True, segment_ids=(),
+                             auto_min_keys=PATH_AUTO_MIN_KEYS),
     'tpu_flash': Kernel(tpu_flash_kernel, weights=False, dense_mask=False, accepts=ANY_SPEC,
                         dtypes=('float32', 'bfloat16'), backends=('tpu',),
                         head_dim=((1, 128), (128, None)), value_dim=False, window='none',
@@ -121,7 +152,7 @@ KERNELS = {
                         partitionable=False),
     'dense': Kernel(dense_kernel, weights=True, dense_mask=True, accepts=ANY_SPEC,
                     normalizations=('softmax', 'stick_breaking'), materialises=True,
-                    segment_ids=('softmax', 'stick_breaking')),
+                    segment_ids=('softmax', 'stick_breaking'), soft_cap=True, sinks=True),
 }
 # The built-in implementations; `implementations()` adds registered ones.
 IMPLEMENTATIONS = (*KERNELS, 'auto')
@@ -183,6 +214,7 @@ def obstacles(name: str, request: Request, backend: Optional[str] = None) -> lis
   if request.dense_mask and not kernel.dense_mask:
     found.append('a dense mask (give causal=, window= or kv_lengths= instead)')
   found += score_obstacles(kernel, request)
+  found += logit_obstacles(kernel, request, servers)
   if request.normalization not in kernel.normalizations:
     found.append(f'normalization={request.normalization!r} (it serves '
                  f'{", ".join(kernel.normalizations)})')
@@ -210,6 +242,14 @@ def segment_obstacle(kernel: Kernel, request: Request) -> str:
     return (f'segment_ids= with normalization={norm!r} (it serves segment ids with '
             f'{", ".join(kernel.segment_ids)}; {served})')
   return f'segment_ids= (packed documents: it builds no segment mask; {served})'
+
+
+def servers(column: str) -> str:
+  """The rows whose capability `column` (a `Kernel` field) is on, for a
+  refusal."""
+  names = [repr(n) for n, k in KERNELS.items() if getattr(k, column)]
+  return (', '.join(names) + (' serves' if len(names) == 1 else ' serve') + ' it' if names
+          else 'no kernel serves it')
 
 
 def takers(kind: type) -> str:
@@ -267,7 +307,8 @@ def scaled_dot_product_attention(
     normalization: Normalization = 'softmax', q_slots: Optional[jnp.ndarray] = None,
     implementation: str = 'auto', return_weights: bool = False,
     chunk_size: Optional[int] = None, chunked_strategy: str = 'auto',
-    segment_ids: Optional[jnp.ndarray] = None, kv_segment_ids: Optional[jnp.ndarray] = None):
+    segment_ids: Optional[jnp.ndarray] = None, kv_segment_ids: Optional[jnp.ndarray] = None,
+    logit_soft_cap: Optional[float] = None, sinks: Optional[jnp.ndarray] = None):
   """Multi-head attention on the kernel that can serve it (module docstring).
 
   Args:
@@ -301,6 +342,13 @@ def scaled_dot_product_attention(
       the rows that declare `segment_ids` (module docstring).
     kv_segment_ids: int `[B, T_k]`, the keys' ids (cross-attention, or
       different ids on the two sides, as for padding); needs segment_ids.
+    logit_soft_cap: None, or a positive finite c: every score s (scaled, with
+      the biases added) becomes `c · tanh(s / c)` before the mask (Gemma 2;
+      `soft_cap.py`). Softmax only.
+    sinks: None, or float `[H]`: one learned logit per query head joining
+      the softmax's denominator only, so the weights sum to less than 1
+      (gpt-oss; `sink_logits.py`; not `WindowBias(sink=)`'s visible first
+      tokens). Gradients flow to it. Softmax only.
 
   Returns:
     out `[B, T_q, H, D_v]` in the dtype of v, or `(out, weights)` with
@@ -319,7 +367,15 @@ def scaled_dot_product_attention(
   for term in scores:
     term.check(q.shape[0], q.shape[2], t_q, t_k)
   segments = check_segment_ids(segment_ids, kv_segment_ids, q.shape[0], t_q, t_k)
+  check_soft_cap(logit_soft_cap)
+  sinks = check_sinks(sinks, q.shape[2])
   norm = as_normalization(normalization)
+  if norm is not None and (logit_soft_cap is not None or sinks is not None):
+    raise ValueError(
+        'logit_soft_cap= and sinks= act on a softmax, not on stick-breaking: its remainder '
+        'already takes what the keys leave (no denominator for a sink logit to join) and '
+        'σ(z) already bounds each key\'s share (nothing for a cap to tame); got '
+        f'normalization={normalization!r}.')
   if norm is not None and not causal and q_slots is None:
     raise ValueError('stick-breaking attention reads the keys before each query: it needs '
                      'causal=True, or q_slots (each query\'s key index) with a mask.')
@@ -331,15 +387,20 @@ def scaled_dot_product_attention(
                     t_q=t_q, v_head_dim=v.shape[-1], causal=causal, window=window,
                     kv_lengths=kv_lengths is not None, gqa=k.shape[2] < q.shape[2],
                     score_broadcast=broadcast, batch=q.shape[0],
-                    segment_ids=segments is not None)
+                    segment_ids=segments is not None,
+                    soft_cap=logit_soft_cap is not None, sinks=sinks is not None)
   name = select_implementation(implementation, request)
   kernel, mesh = KERNELS[name], context_mesh()
   run = kernel.run
   if mesh is not None and not kernel.partitionable:  # a custom call: per device
     run = lambda *a, **kw: per_device(kernel.run, mesh, *a, **kw)
-  # Only a row that declares segment ids is handed them (a registered row
-  # written before them need not take the argument).
+  # Only a row that declares segment ids, a soft cap or sinks is handed them
+  # (a registered row written before them need not take the arguments).
   extra = {} if segments is None else dict(segment_ids=segments)
+  if logit_soft_cap is not None:
+    extra['logit_soft_cap'] = float(logit_soft_cap)
+  if sinks is not None:
+    extra['sinks'] = sinks
   out, weights = run(
       q, k, v, mask=mask, scores=scores,
       causal=causal, window=window, kv_lengths=kv_lengths, normalization=norm,

@@ -57,12 +57,12 @@ def repeat_kv_heads(k: jnp.ndarray, v: jnp.ndarray, num_heads: int, q_shape=None
   return jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
 
 
-def map_heads(head_fn, q, k, v, *, mask=None, bias=None, name='map_heads'):
+def map_heads(head_fn, q, k, v, *, mask=None, bias=None, name='map_heads', sinks=None):
   """`head_fn(q [T_q, D], k [T_k, D], v [T_k, D_v], mask=, bias=) -> (out
   [T_q, D_v], weights [T_q, T_k])` vmapped over heads and batch, with the
   shapes, broadcasting and grouped-query rules of `multi_head_attention`.
   The one place heads become an axis: softmax and stick-breaking attention
-  share it."""
+  share it. With `sinks` `[H]`, head h's call also gets `sink=sinks[h]`."""
   if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
     raise ValueError(
         f'{name} takes [batch, length, heads, head_dim] arrays; '
@@ -84,13 +84,15 @@ def map_heads(head_fn, q, k, v, *, mask=None, bias=None, name='map_heads'):
   mask, mask_b = _vmap_plan(mask, 0, b)
   bias, bias_b = _vmap_plan(bias, 0, b)
 
-  def one_example(q, k, v, mask, bias):
+  sink = {} if sinks is None else {'sink': sinks}
+
+  def one_example(q, k, v, mask, bias, sink):
     mask, mask_h = _vmap_plan(mask, 0, h)
     bias, bias_h = _vmap_plan(bias, 0, h)
     per_head = jax.vmap(
-        lambda q, k, v, m, b: head_fn(q, k, v, mask=m, bias=b),
-        in_axes=(1, 1, 1, mask_h, bias_h), out_axes=(1, 0))
-    return per_head(q, k, v, mask, bias)
+        lambda q, k, v, m, b, s: head_fn(q, k, v, mask=m, bias=b, **s),
+        in_axes=(1, 1, 1, mask_h, bias_h, 0), out_axes=(1, 0))
+    return per_head(q, k, v, mask, bias, sink)
 
-  return jax.vmap(one_example, in_axes=(0, 0, 0, mask_b, bias_b))(
-      q, k, v, mask, bias)
+  return jax.vmap(one_example, in_axes=(0, 0, 0, mask_b, bias_b, None))(
+      q, k, v, mask, bias, sink)

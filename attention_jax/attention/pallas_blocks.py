@@ -14,7 +14,11 @@ numbers, the same ones the chunked kernel uses (`blocks.py`):
 * segment ids (packed documents): query i keeps key j only where their ids
   are equal, from int32 ids `[B, T]` read per tile like position ids. Tiles
   are not skipped for them (which documents meet is data, the tile walk is
-  structure): masked only.
+  structure): masked only;
+* Gemma 2's logit soft cap on each tile's scores (a constant), and
+  gpt-oss's sink logits `[H]` (read as a per-head scalar, joined to the
+  running max and normaliser after the last key block; their gradient
+  comes from the row lse outside the kernels, `sink_logits.sink_gradient`).
 
 A `WindowBias` acts as part of the keep-mask here (weight exactly 0), where
 the dense kernel adds MASK_VALUE: the two agree whenever a query has a
@@ -36,6 +40,8 @@ from attention_jax.attention.scores import MASK_VALUE
 from attention_jax.attention.scores import WindowBias
 from attention_jax.attention.scores import one_of_each
 from attention_jax.attention.segments import check_segment_ids
+from attention_jax.attention.soft_cap import soft_cap
+from attention_jax.attention.soft_cap import soft_cap_slope
 
 # The bounds of a head without a window: far outside any i - j of int32 ids.
 UNBOUNDED = 2 ** 30
@@ -52,8 +58,10 @@ class Structure:
   difference: bool  # q_values and k_values given
   windows: bool  # per-head lows/highs given
   positions: bool  # windows on position ids (else on token indices)
-  sink: bool  # with windows: keys at id 0 always visible
+  sink: bool  # with windows: keys at id 0 always visible (WindowBias(sink=True))
   segments: bool = False  # q and k segment ids given (packed documents)
+  cap: Optional[float] = None  # logit soft cap (`soft_cap.py`)
+  sinks: bool = False  # learned sink logits given (`sink_logits.py`)
 
 
 def head_scalars(num_heads: int, slopes, windows: Optional[WindowBias]):
@@ -110,13 +118,15 @@ def tile(s, q_idx, k_idx, kv_len, st: Structure, *, slope=None, qv=None, kv=None
     q_seg, k_seg: int32 `[bq, 1]` and `[1, bk]` (with `st.segments`).
 
   Returns:
-    (scores float32 `[bq, bk]`, MASK_VALUE where not kept; keep bool `[bq, bk]`).
+    (scores float32 `[bq, bk]`, soft-capped with `st.cap`, MASK_VALUE where
+    not kept; keep bool `[bq, bk]`).
   """
   d = q_idx - k_idx
   if st.alibi:
     s = s - slope * d.astype(jnp.float32)
   if st.difference:
     s = s + (qv - kv)
+  s = soft_cap(s, st.cap)
   keep = k_idx < jnp.minimum(kv_len, st.t_k)
   if st.causal:
     keep = keep & (d >= 0)
@@ -131,6 +141,17 @@ def tile(s, q_idx, k_idx, kv_len, st: Structure, *, slope=None, qv=None, kv=None
   if st.segments:
     keep = keep & (q_seg == k_seg)
   return jnp.where(keep, s, MASK_VALUE), keep
+
+
+def cap_slope(ds, s, keep, st: Structure):
+  """dS `[bq, bk]` of the capped scores -> of the uncapped ones (times 1 -
+  tanh², from the tile's capped scores `s`); unchanged without a cap."""
+  return ds if st.cap is None else ds * soft_cap_slope(s, keep, st.cap)
+
+
+def sink_scalars(num_heads: int, sinks):
+  """float32 `[H]`: the sink logits, or zeros when unused (`st.sinks` off)."""
+  return jnp.zeros((num_heads,), jnp.float32) if sinks is None else sinks
 
 
 def tile_may_keep(q_start, k_start, bq: int, bk: int, kv_len, st: Structure):
@@ -180,14 +201,16 @@ def iota(shape, dimension: int, start):
 
 def kernel_run(attention, name: str):
   """The `dispatch.KERNELS` run function of a Pallas kernel `attention(q, k,
-  v, *, causal, kv_lengths, window, alibi_slopes, difference, windows)`:
-  structure, and of the score specs one each of `LinearBias`,
-  `DifferenceBias` and `WindowBias`, all built in the kernel; segment ids;
-  softmax; no dense mask or bias, no weights (the dispatcher sends nothing
-  else). -> (out `[B, T_q, H, D_v]`, None)."""
+  v, *, causal, kv_lengths, window, alibi_slopes, difference, windows,
+  segment_ids, logit_soft_cap, sinks)`: structure, and of the score specs
+  one each of `LinearBias`, `DifferenceBias` and `WindowBias`, all built in
+  the kernel, segment ids, the soft cap and the sink logits too; softmax; no
+  dense mask or bias, no weights (the dispatcher sends nothing else).
+  -> (out `[B, T_q, H, D_v]`, None)."""
 
   def run(q, k, v, *, mask, scores, causal, window, kv_lengths, return_weights,
-          normalization=None, segment_ids=None, **unused_options):
+          normalization=None, segment_ids=None, logit_soft_cap=None, sinks=None,
+          **unused_options):
     del unused_options  # other kernels' options (chunk sizes)
     if mask is not None or return_weights or normalization is not None:
       raise ValueError(f'{name} takes no dense mask, forms no weights and runs softmax '
@@ -196,7 +219,8 @@ def kernel_run(attention, name: str):
         scores, (LinearBias, DifferenceBias, WindowBias), name)
     out = attention(q, k, v, causal=causal, kv_lengths=kv_lengths, window=window,
                     alibi_slopes=None if linear is None else linear.slopes,
-                    difference=difference, windows=windows, segment_ids=segment_ids)
+                    difference=difference, windows=windows, segment_ids=segment_ids,
+                    logit_soft_cap=logit_soft_cap, sinks=sinks)
     return out, None
 
   run.__name__, run.__module__ = name, attention.__module__

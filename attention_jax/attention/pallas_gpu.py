@@ -39,8 +39,14 @@ from attention_jax.attention import pallas_blocks as pb
 from attention_jax.attention.scores import DifferenceBias
 from attention_jax.attention.scores import MASK_VALUE
 from attention_jax.attention.scores import WindowBias
+from attention_jax.attention.sink_logits import check_sinks
+from attention_jax.attention.sink_logits import join_sink
+from attention_jax.attention.sink_logits import sink_gradient
 
 MIN_BLOCK = 16  # Triton's dot needs every tile dimension >= 16
+# The per-head and per-example scalars each kernel reads first: slopes,
+# lows, highs, kv_len, sink logits.
+N_SCALARS = 5
 _NT = (((1,), (1,)), ((), ()))  # a · bᵀ
 _TN = (((0,), (0,)), ((), ()))  # aᵀ · b
 
@@ -99,7 +105,7 @@ def _rows(st, side, start, size, query: bool):
 
 def _tile(st, scalars, q, k, q_start, k_start, q_side, k_side):
   """Scores and keep of the tile of q `[bq, D]` at q_start, k `[bk, D]` at k_start."""
-  slope, low, high, kv_len = scalars
+  slope, low, high, kv_len = scalars[:4]
   q_idx = pb.iota((q.shape[0], 1), 0, q_start)
   k_idx = pb.iota((1, k.shape[0]), 1, k_start)
   return pb.tile(_dot(q, k, _NT) * st.scale, q_idx, k_idx, kv_len, st, slope=slope,
@@ -107,8 +113,8 @@ def _tile(st, scalars, q, k, q_start, k_start, q_side, k_side):
 
 
 def _forward_kernel(st, bq, bk, *refs):
-  scalars = tuple(r[...] for r in refs[:4])
-  (q_ref, k_ref, v_ref), rest = refs[4:7], refs[7:]
+  scalars = tuple(r[...] for r in refs[:N_SCALARS])
+  (q_ref, k_ref, v_ref), rest = refs[N_SCALARS:N_SCALARS + 3], refs[N_SCALARS + 3:]
   side, (o_ref, lse_ref) = rest[:_n_side(st)], rest[_n_side(st):]
   q_start = pl.program_id(0) * bq
   q = q_ref[pl.ds(q_start, bq), :]
@@ -130,14 +136,17 @@ def _forward_kernel(st, bq, bk, *refs):
   init = (jnp.zeros((bq, v_ref.shape[-1]), jnp.float32),
           jnp.full((bq, 1), MASK_VALUE, jnp.float32), jnp.zeros((bq, 1), jnp.float32))
   acc, m, l = jax.lax.fori_loop(lo, hi, body, init)
+  if st.sinks:
+    m, l, acc = join_sink(m, l, acc, scalars[4])
   out, lse = pb.finish(m, l, acc)
   o_ref[...] = out.astype(o_ref.dtype)
   lse_ref[...] = lse.reshape(bq)
 
 
 def _dkv_kernel(st, bq, bk, *refs):
-  scalars = tuple(r[...] for r in refs[:4])
-  (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref), rest = refs[4:10], refs[10:]
+  scalars = tuple(r[...] for r in refs[:N_SCALARS])
+  (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref), rest = (refs[N_SCALARS:N_SCALARS + 6],
+                                                             refs[N_SCALARS + 6:])
   side, outs = rest[:_n_side(st)], rest[_n_side(st):]
   k_start = pl.program_id(0) * bk
   k, v = k_ref[pl.ds(k_start, bk), :], v_ref[pl.ds(k_start, bk), :]
@@ -151,7 +160,7 @@ def _dkv_kernel(st, bq, bk, *refs):
     s, keep = _tile(st, scalars, q, k, q_start, k_start,
                     _rows(st, side, q_start, bq, query=True), k_side)
     p = jnp.where(keep, jnp.exp(s - lse_ref[rows][:, None]), 0.0)
-    ds = p * (_dot(do, v, _NT) - delta_ref[rows][:, None])
+    ds = pb.cap_slope(p * (_dot(do, v, _NT) - delta_ref[rows][:, None]), s, keep, st)
     dv = dv + _dot(p.astype(do.dtype), do, _TN)
     dk = dk + _dot(ds.astype(q.dtype), q, _TN) * st.scale
     if st.difference:
@@ -169,8 +178,9 @@ def _dkv_kernel(st, bq, bk, *refs):
 
 
 def _dq_kernel(st, bq, bk, *refs):
-  scalars = tuple(r[...] for r in refs[:4])
-  (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref), rest = refs[4:10], refs[10:]
+  scalars = tuple(r[...] for r in refs[:N_SCALARS])
+  (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref), rest = (refs[N_SCALARS:N_SCALARS + 6],
+                                                             refs[N_SCALARS + 6:])
   side, outs = rest[:_n_side(st)], rest[_n_side(st):]
   q_start = pl.program_id(0) * bq
   rows = pl.ds(q_start, bq)
@@ -185,7 +195,7 @@ def _dq_kernel(st, bq, bk, *refs):
     s, keep = _tile(st, scalars, q, k, q_start, k_start, q_side,
                     _rows(st, side, k_start, bk, query=False))
     p = jnp.where(keep, jnp.exp(s - lse), 0.0)
-    ds = p * (_dot(do, v, _NT) - delta)
+    ds = pb.cap_slope(p * (_dot(do, v, _NT) - delta), s, keep, st)
     dq = dq + _dot(ds.astype(k.dtype), k) * st.scale
     if st.difference:
       dqv = dqv + ds.sum(axis=1, keepdims=True)
@@ -211,6 +221,7 @@ def _specs(st, group, q, k, v, *rows):
   query_head, kv_head = (lambda h: h), (lambda h: h // group)
   specs = [pl.BlockSpec((None,), lambda x, b, h: (h,))] * 3
   specs += [pl.BlockSpec((None,), lambda x, b, h: (b,)),
+            pl.BlockSpec((None,), lambda x, b, h: (h,)),
             seq(q, query_head), seq(k, kv_head), seq(v, kv_head)]
   specs += [seq(a, query_head) if a.ndim == 4 else per_head(t_q) for a in rows]
   if st.difference:
@@ -270,7 +281,8 @@ def _backward(st, group, blocks, interpret, scalars, q, k, v, side, out, lse, do
   dside = [None] * len(side)
   if st.difference:
     dside[0], dside[1] = dq_out[1], dkv_out[2]
-  return dq_out[0], dk, dv, dside
+  dsinks = sink_gradient(scalars[4][None], lse, delta).sum(0) if st.sinks else None
+  return dq_out[0], dk, dv, dside, dsinks
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
@@ -285,10 +297,11 @@ def _flash_fwd(st, group, blocks, interpret, scalars, q, k, v, side):
 
 def _flash_bwd(st, group, blocks, interpret, residuals, dout):
   scalars, q, k, v, side, out, lse = residuals
-  dq, dk, dv, dside = _backward(st, group, blocks, interpret, scalars, q, k, v, side, out,
-                                lse, dout)
-  # No gradient to the per-head constants, the lengths or the position ids.
-  return (None,) * len(scalars), dq, dk, dv, tuple(dside)
+  dq, dk, dv, dside, dsinks = _backward(st, group, blocks, interpret, scalars, q, k, v,
+                                        side, out, lse, dout)
+  # No gradient to the per-head constants, the lengths or the position ids;
+  # the sink logits' from the row lse.
+  return (None,) * 4 + (dsinks,), dq, dk, dv, tuple(dside)
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -305,7 +318,8 @@ def pallas_gpu_attention(
     q, k, v, *, causal: bool = False, kv_lengths=None, window: Optional[int] = None,
     alibi_slopes=None, difference: Optional[DifferenceBias] = None,
     windows: Optional[WindowBias] = None, interpret: bool = False, block_q: int = 64,
-    block_k: int = 64, segment_ids=None):
+    block_k: int = 64, segment_ids=None, logit_soft_cap: Optional[float] = None,
+    sinks=None):
   """Exact attention with the bias built in the kernel (module docstring).
 
   Args:
@@ -324,6 +338,10 @@ def pallas_gpu_attention(
     segment_ids: optional int (q ids `[B, T_q]`, kv ids `[B, T_k]`): query i
       keeps key j only where they are equal (packed documents), masked per
       tile.
+    logit_soft_cap: optional c > 0 (static): scores, biases added, become
+      `c · tanh(s / c)` before the mask.
+    sinks: optional float `[H]`: one learned sink logit per query head in
+      the softmax's denominator, with gradients.
 
   Returns:
     out `[B, T_q, H, D_v]` in the dtype of v.
@@ -339,8 +357,11 @@ def pallas_gpu_attention(
                     alibi=alibi_slopes is not None, difference=difference is not None,
                     windows=windows is not None, positions=q_ids is not None,
                     sink=bool(windows is not None and windows.sink),
-                    segments=q_seg is not None)
+                    segments=q_seg is not None,
+                    cap=None if logit_soft_cap is None else float(logit_soft_cap),
+                    sinks=sinks is not None)
   slopes, lows, highs = pb.head_scalars(h, alibi_slopes, windows)
+  sinks = pb.sink_scalars(h, check_sinks(sinks, h))
   kv_len = (jnp.full((b,), t_k, jnp.int32) if kv_lengths is None
             else jnp.asarray(kv_lengths, jnp.int32))
   # Zero columns change no dot product; zero rows past the lengths are masked.
@@ -355,8 +376,8 @@ def pallas_gpu_attention(
     side += [pb.pad_length(q_ids, 1, blocks[0]), pb.pad_length(k_ids, 1, blocks[1])]
   if st.segments:
     side += [pb.pad_length(q_seg, 1, blocks[0]), pb.pad_length(k_seg, 1, blocks[1])]
-  out = _flash(st, h // h_kv, blocks, interpret, (slopes, lows, highs, kv_len), qp, kp, vp,
-               tuple(side))
+  out = _flash(st, h // h_kv, blocks, interpret, (slopes, lows, highs, kv_len, sinks), qp,
+               kp, vp, tuple(side))
   return out[:, :t_q, :, :v.shape[3]]
 
 

@@ -37,8 +37,13 @@ from attention_jax.attention import pallas_blocks as pb
 from attention_jax.attention.scores import DifferenceBias
 from attention_jax.attention.scores import MASK_VALUE
 from attention_jax.attention.scores import WindowBias
+from attention_jax.attention.sink_logits import check_sinks
+from attention_jax.attention.sink_logits import join_sink
+from attention_jax.attention.sink_logits import sink_gradient
 
 BLOCK = 128  # query and key rows per tile: one MXU pass on every TPU generation
+# The scalars prefetched to SMEM: slopes, lows, highs, kv_len, sink logits.
+N_SCALARS = 5
 _NT = (((1,), (1,)), ((), ()))  # a · bᵀ
 _TN = (((0,), (0,)), ((), ()))  # aᵀ · b
 
@@ -80,7 +85,7 @@ def _n_side(st):
 
 def _tile(st, scalars, q, k, i, j, side):
   """Scores and keep of tile (query block i, key block j) of head h, example b."""
-  slopes, lows, highs, kv_lens = scalars
+  slopes, lows, highs, kv_lens = scalars[:4]
   b, h = pl.program_id(0), pl.program_id(1)
   q_idx = pb.iota((BLOCK, 1), 0, i * BLOCK)
   k_idx = pb.iota((1, BLOCK), 1, j * BLOCK)
@@ -90,7 +95,8 @@ def _tile(st, scalars, q, k, i, j, side):
 
 
 def _forward_kernel(st, *refs):
-  scalars, (q_ref, k_ref, v_ref), rest = refs[:4], refs[4:7], refs[7:]
+  scalars, (q_ref, k_ref, v_ref), rest = (refs[:N_SCALARS], refs[N_SCALARS:N_SCALARS + 3],
+                                          refs[N_SCALARS + 3:])
   side, (o_ref, lse_ref, m_ref, l_ref, acc_ref) = rest[:_n_side(st)], rest[_n_side(st):]
   i, j = pl.program_id(2), pl.program_id(3)
 
@@ -115,7 +121,10 @@ def _forward_kernel(st, *refs):
 
   @pl.when(j == pl.num_programs(3) - 1)
   def _():
-    out, lse = pb.finish(m_ref[...], l_ref[...], acc_ref[...])
+    m, l, acc = m_ref[...], l_ref[...], acc_ref[...]
+    if st.sinks:
+      m, l, acc = join_sink(m, l, acc, scalars[4][pl.program_id(1)])
+    out, lse = pb.finish(m, l, acc)
     o_ref[...] = out.astype(o_ref.dtype)
     lse_ref[...] = lse
 
@@ -124,7 +133,7 @@ def _call(kernel, st, grid, in_specs, out_specs, out_shape, scratch, interpret):
   return pl.pallas_call(
       functools.partial(kernel, st), out_shape=out_shape,
       grid_spec=pltpu.PrefetchScalarGridSpec(
-          num_scalar_prefetch=4, grid=grid, in_specs=in_specs, out_specs=out_specs,
+          num_scalar_prefetch=N_SCALARS, grid=grid, in_specs=in_specs, out_specs=out_specs,
           scratch_shapes=scratch),
       compiler_params=pltpu.CompilerParams(
           dimension_semantics=('parallel', 'parallel', 'parallel', 'arbitrary')),
@@ -156,12 +165,12 @@ def _probabilities(st, scalars, q, k, v, do, lse, delta, i, j, side):
   s, keep = _tile(st, scalars, q, k, i, j, side)
   p = jnp.where(keep, jnp.exp(s - lse), 0.0)
   dp = _dot(do, v, _NT)
-  return p, p * (dp - delta)
+  return p, pb.cap_slope(p * (dp - delta), s, keep, st)
 
 
 def _dkv_kernel(st, *refs):
   scalars, (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref), rest = (
-      refs[:4], refs[4:10], refs[10:])
+      refs[:N_SCALARS], refs[N_SCALARS:N_SCALARS + 6], refs[N_SCALARS + 6:])
   n = _n_side(st)
   side, outs = rest[:n], rest[n:]
   dk_ref, dv_ref = outs[0], outs[1]
@@ -195,7 +204,7 @@ def _dkv_kernel(st, *refs):
 
 def _dq_kernel(st, *refs):
   scalars, (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref), rest = (
-      refs[:4], refs[4:10], refs[10:])
+      refs[:N_SCALARS], refs[N_SCALARS:N_SCALARS + 6], refs[N_SCALARS + 6:])
   n = _n_side(st)
   side, outs = rest[:n], rest[n:]
   dq_ref = outs[0]
@@ -264,7 +273,9 @@ def _backward(st, group, interpret, scalars, q, k, v, side, out, lse, dout):
   dside = [None] * len(side)
   if st.difference:
     dside[0], dside[1] = dq_out[1], dkv_out[2]
-  return dq_out[0], dk, dv, dside
+  dsinks = (sink_gradient(scalars[4][None], lse[..., 0], delta[..., 0]).sum(0) if st.sinks
+            else None)
+  return dq_out[0], dk, dv, dside, dsinks
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
@@ -279,10 +290,12 @@ def _flash_fwd(st, group, interpret, scalars, q, k, v, side):
 
 def _flash_bwd(st, group, interpret, residuals, dout):
   scalars, q, k, v, side, out, lse = residuals
-  dq, dk, dv, dside = _backward(st, group, interpret, scalars, q, k, v, side, out, lse, dout)
-  # No gradient to the per-head constants, the lengths or the position ids.
+  dq, dk, dv, dside, dsinks = _backward(st, group, interpret, scalars, q, k, v, side, out,
+                                        lse, dout)
+  # No gradient to the per-head constants, the lengths or the position ids;
+  # the sink logits' from the row lse.
   dside = tuple(None if g is None else g.reshape(x.shape) for x, g in zip(side, dside))
-  return (None,) * len(scalars), dq, dk, dv, dside
+  return (None,) * 4 + (dsinks,), dq, dk, dv, dside
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -291,7 +304,8 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 def pallas_tpu_attention(
     q, k, v, *, causal: bool = False, kv_lengths=None, window: Optional[int] = None,
     alibi_slopes=None, difference: Optional[DifferenceBias] = None,
-    windows: Optional[WindowBias] = None, interpret: bool = False, segment_ids=None):
+    windows: Optional[WindowBias] = None, interpret: bool = False, segment_ids=None,
+    logit_soft_cap: Optional[float] = None, sinks=None):
   """Exact attention with the bias built in the kernel (module docstring).
 
   Args:
@@ -308,6 +322,10 @@ def pallas_tpu_attention(
     segment_ids: optional int (q ids `[B, T_q]`, kv ids `[B, T_k]`): query i
       keeps key j only where they are equal (packed documents), masked per
       tile (a tile of documents that do not meet is computed, not skipped).
+    logit_soft_cap: optional c > 0 (static): scores, biases added, become
+      `c · tanh(s / c)` before the mask.
+    sinks: optional float `[H]`: one learned sink logit per query head in
+      the softmax's denominator, with gradients.
 
   Returns:
     out `[B, T_q, H, D_v]` in the dtype of v.
@@ -322,8 +340,11 @@ def pallas_tpu_attention(
                     alibi=alibi_slopes is not None, difference=difference is not None,
                     windows=windows is not None, positions=q_ids is not None,
                     sink=bool(windows is not None and windows.sink),
-                    segments=q_seg is not None)
+                    segments=q_seg is not None,
+                    cap=None if logit_soft_cap is None else float(logit_soft_cap),
+                    sinks=sinks is not None)
   slopes, lows, highs = pb.head_scalars(h, alibi_slopes, windows)
+  sinks = pb.sink_scalars(h, check_sinks(sinks, h))
   kv_len = (jnp.full((b,), t_k, jnp.int32) if kv_lengths is None
             else jnp.asarray(kv_lengths, jnp.int32))
   heads_first = lambda x: pb.pad_length(jnp.swapaxes(x, 1, 2), 2, BLOCK)
@@ -336,7 +357,7 @@ def pallas_tpu_attention(
     side += [pb.pad_length(q_ids[..., None], 1, BLOCK), pb.pad_length(k_ids[:, None], 2, BLOCK)]
   if st.segments:
     side += [pb.pad_length(q_seg[..., None], 1, BLOCK), pb.pad_length(k_seg[:, None], 2, BLOCK)]
-  out = _flash(st, h // h_kv, interpret, (slopes, lows, highs, kv_len), qh, kh, vh,
+  out = _flash(st, h // h_kv, interpret, (slopes, lows, highs, kv_len, sinks), qh, kh, vh,
                tuple(side))
   return jnp.swapaxes(out[:, :, :t_q], 1, 2)
 

@@ -14,7 +14,10 @@ least).
 
 Splash does not scale the scores: q is multiplied by 1/√D first (in q's
 dtype). A query row with no key to attend gets a zero output (and zero
-gradients), as in `dense.py`.
+gradients), as in `dense.py`. Splash has Gemma 2's logit soft cap
+(`attn_logits_soft_cap`, on q·k of the scaled q, then the mask: ours, with
+no bias here) and gpt-oss's sink logits (`sinks`, one per query head, in
+its running max and denominator) built in: the row serves both.
 
 Also the shared plumbing of the TPU rows (`tpu_flash.py` too): tile sizes
 chosen from the lengths, padding as segment ids, rows with no key.
@@ -126,7 +129,7 @@ def zero_empty_rows(out, has_key):
 
 
 def _splash(t_q: int, t_k: int, heads: int, causal: bool, window: Optional[int],
-            block_q: int, block_kv: int, interpret: bool):
+            block_q: int, block_kv: int, interpret: bool, cap: Optional[float] = None):
   """The kernel object for one static structure, built at trace time (its
   tables become constants of the trace; splash caches the NumPy walk over the
   tiles by mask)."""
@@ -143,17 +146,20 @@ def _splash(t_q: int, t_k: int, heads: int, causal: bool, window: Optional[int],
       block_q_dq=block_q, block_kv_dq=block_kv)
   return sk.make_splash_mha(
       sm.MultiHeadMask([one] * heads), block_sizes=blocks, head_shards=1,
-      q_seq_shards=1, interpret=interpret)
+      q_seq_shards=1, interpret=interpret, attn_logits_soft_cap=cap)
 
 
 def splash_kernel(q, k, v, *, mask, scores, causal, window, kv_lengths, return_weights,
                   normalization=None, q_slots=None, interpret: bool = False,
-                  block_size: Optional[int] = None, segment_ids=None, **unused_options):
-  """The 'splash' row of `dispatch.KERNELS`: structure only, and segment
-  ids (int32 (q ids `[B, T_q]`, kv ids `[B, T_k]`) or None; module
-  docstring); the dispatcher sends nothing else. `interpret`: run in Pallas'
-  generic interpreter (CPU tests); `block_size`: the query and key tile
-  (default: `block_for`). -> (out `[B, T_q, H, D_v]` in v's dtype, None)."""
+                  block_size: Optional[int] = None, segment_ids=None,
+                  logit_soft_cap: Optional[float] = None, sinks=None, **unused_options):
+  """The 'splash' row of `dispatch.KERNELS`: structure only, segment ids
+  (int32 (q ids `[B, T_q]`, kv ids `[B, T_k]`) or None; module docstring),
+  and splash's own soft cap and sink logits; the dispatcher sends nothing
+  else. `interpret`: run in Pallas' generic interpreter (CPU tests);
+  `block_size`: the query and key tile (default: `block_for`).
+  `logit_soft_cap`: c > 0, splash's `attn_logits_soft_cap`; `sinks`: float
+  `[H]`, splash's `sinks`. -> (out `[B, T_q, H, D_v]` in v's dtype, None)."""
   del unused_options  # other kernels' options (chunk sizes)
   if any(x is not None for x in (mask, normalization, q_slots)) or scores or return_weights:
     raise ValueError('splash_kernel takes no mask, score spec or q_slots, forms no weights '
@@ -163,7 +169,9 @@ def splash_kernel(q, k, v, *, mask, scores, causal, window, kv_lengths, return_w
     raise ValueError(f'incompatible heads: q {q.shape}, k {k.shape}, v {v.shape}; '
                      'H_kv must divide H.')
   kernel = _splash(t_q, t_k, h, causal, window, block_for(t_q, block_size),
-                   block_for(t_k, block_size), interpret)
+                   block_for(t_k, block_size), interpret,
+                   None if logit_soft_cap is None else float(logit_soft_cap))
+  sinks = None if sinks is None else jnp.asarray(sinks, jnp.float32)
   heads_first = lambda x: jnp.transpose(x, (0, 2, 1, 3))  # [B, H, T, D]
   q_scaled = (q * (1.0 / math.sqrt(d))).astype(q.dtype)
   args = [heads_first(q_scaled), heads_first(k), heads_first(v)]
@@ -180,9 +188,9 @@ def splash_kernel(q, k, v, *, mask, scores, causal, window, kv_lengths, return_w
     has_key = segment_rows_with_keys(q_ids, kv_ids, causal=causal, window=window,
                                      kv_lengths=kv_lengths)
   if segments is None:
-    out = jax.vmap(kernel)(*args)
+    out = jax.vmap(lambda q, k, v: kernel(q, k, v, sinks=sinks))(*args)
   else:
-    out = jax.vmap(lambda q, k, v, qs, ks: kernel(q, k, v, segment_ids=sk.SegmentIds(qs, ks)))(
-        *args, *segments)
+    out = jax.vmap(lambda q, k, v, qs, ks: kernel(
+        q, k, v, segment_ids=sk.SegmentIds(qs, ks), sinks=sinks))(*args, *segments)
   out = heads_first(out).astype(v.dtype)
   return zero_empty_rows(out, has_key), None

@@ -17,6 +17,9 @@ The kernel adds its causal and padding mask value (-0.7 · float32 max) on
 top of the bias: a bias is floored at `_BIAS_FLOOR` first so that the sum
 stays finite (a key that far below is ignored all the same).
 
+`fa.flash_attention` takes neither a logit soft cap nor sink logits (splash
+does), so the row refuses `logit_soft_cap=` and `sinks=`.
+
 `jax.experimental.pallas.ops.tpu.flash_attention` takes no `interpret=`:
 with `interpret=True` both its forward and its backward are traced under
 `pltpu.force_tpu_interpret_mode()` (`_interpreted`).

@@ -3,6 +3,7 @@
 Tasks (`tasks`), the config -> model factory and batch adapters (`models`),
 training (`train`), evaluation (`evaluate`), the study (`study`), config
 checks (`validate`), result files (`results`), figures (`plots`),
-diagnostics (`diagnose`) and entry-point set-up (`runtime`). The library
+diagnostics (`diagnose`), the command line (`command_line`) and the process
+around an experiment (`process`); a finished run for use (`trained`). The library
 (`attention_jax.attention`, `.positional`, `.nn`) never imports from here.
 """

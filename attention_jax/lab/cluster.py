@@ -13,8 +13,7 @@ from typing import Mapping, Optional, Sequence
 
 import ml_collections
 
-from attention_jax.lab.validate import ConfigError
-from attention_jax.lab.validate import check_shard
+from attention_jax.lab.errors import ConfigError
 
 _SLURM = ('SLURM_ARRAY_TASK_ID', 'SLURM_ARRAY_TASK_COUNT', 'SLURM_ARRAY_TASK_MIN',
           'SLURM_ARRAY_TASK_STEP')
@@ -41,6 +40,17 @@ def from_slurm(environ: Mapping[str, str]) -> Optional[tuple[int, int]]:
     raise ConfigError(f'study.shard from SLURM ({shown}) is not an index in 0…{count - 1}: use '
                       'a range like --array=0-N, or pass --config.study.shard="(INDEX,COUNT)".')
   return index, count
+
+
+def check_shard(shard) -> None:
+  """`study.shard` is () or (INDEX, COUNT), COUNT >= 1, INDEX in 0…COUNT-1."""
+  shard = tuple(shard)
+  if not (shard == () or (
+      len(shard) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in shard)
+      and shard[1] >= 1 and 0 <= shard[0] < shard[1])):
+    raise ConfigError(f'invalid config: study.shard={shard!r} must be (INDEX, COUNT) with '
+                      'COUNT >= 1 and INDEX in 0…COUNT-1, e.g. --config.study.shard="(0,4)", '
+                      'or () (SLURM_ARRAY_TASK_ID/COUNT when set, else the whole sweep).')
 
 
 def shard_of(config: ml_collections.ConfigDict,

@@ -42,7 +42,7 @@ from attention_jax.lab.plan import run_configs
 from attention_jax.lab.train.interrupt import raise_if_stopped
 from attention_jax.lab.train.interrupt import stop_requests
 from attention_jax.lab.train.loop import load_trained
-from attention_jax.lab.validate import ConfigError
+from attention_jax.lab.errors import ConfigError
 from attention_jax.lab.validate import validate_config
 
 

@@ -35,7 +35,7 @@ from flax import nnx
 from attention_jax.lab import models
 from attention_jax.lab.entries import flatten
 from attention_jax.lab import results
-from attention_jax.lab.validate import ConfigError
+from attention_jax.lab.errors import ConfigError
 
 # Fields that do not change the trained model (a trailing '.' covers a group).
 NOT_TRAINING = (

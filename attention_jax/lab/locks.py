@@ -31,7 +31,7 @@ from typing import Callable, Iterator, Optional
 
 import jax
 
-from attention_jax.lab.validate import ConfigError
+from attention_jax.lab.errors import ConfigError
 
 LOCK_FILE = '.lock'
 POLL_SECONDS = 1.0  # how often a waiting process tries again

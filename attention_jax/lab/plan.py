@@ -20,7 +20,7 @@ import ml_collections
 from attention_jax.lab import entries
 from attention_jax.lab import identity
 from attention_jax.lab import models
-from attention_jax.lab.validate import ConfigError
+from attention_jax.lab.errors import ConfigError
 from attention_jax.lab.validate import validate_config
 
 def config_hash(config: ml_collections.ConfigDict, extensions: tuple = ()) -> str:

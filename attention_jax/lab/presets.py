@@ -9,15 +9,15 @@ ml_collections reads it. With no `--config`, the default preset is the
 packaged one, never a path relative to the current folder.
 """
 
+import importlib.util
 import os
 import sys
 
 from absl import flags
 from ml_collections import config_flags
 
-from attention_jax.lab.runtime import CONFIG_ARGV
-from attention_jax.lab.runtime import USAGE_ERROR
-from attention_jax.lab.validate import ConfigError
+from attention_jax.lab.process import usage_exit
+from attention_jax.lab.errors import ConfigError
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # attention_jax/
 
@@ -70,11 +70,40 @@ def resolve(spec: str) -> str:
                     'or the path to a get_config file.')
 
 
-class _PresetParser(flags.ArgumentParser):
-  """ml_collections' config-file parser, on the resolved preset."""
+# What each kind of config runs under (a config's `kind` field; the copy
+# study's configs have none: 'study').
+ENTRY_POINTS = {
+    'study': 'experiments.length_extrapolation, train, seq2seq_bottleneck or attention_maps '
+             '(attention-jax-study, attention-jax-train, …)',
+    'chomsky': 'experiments.chomsky (attention-jax-chomsky)',
+}
 
-  def __init__(self, parser: flags.ArgumentParser):
-    self._parser = parser
+
+def kind_of(config) -> str:
+  """Which entry points take `config`: its `kind` field, 'study' without one."""
+  return config.get('kind', 'study') if hasattr(config, 'get') else 'study'
+
+
+def _load(spec: str):
+  """get_config(ARG) of the file or preset `spec` (`resolve`'s forms)."""
+  path, _, arg = resolve(spec).partition(':')
+  module_spec = importlib.util.spec_from_file_location('_preset', path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(arg) if arg else module.get_config()
+
+
+def presets_of(kind: str) -> list[str]:
+  """The packaged presets whose get_config() is of `kind`."""
+  return [name for name in available() if kind_of(_load(name)) == kind]
+
+
+class _PresetParser(flags.ArgumentParser):
+  """ml_collections' config-file parser, on the resolved preset; a config
+  of another kind than the default's (another entry point's) is refused."""
+
+  def __init__(self, parser: flags.ArgumentParser, kind: str):
+    self._parser, self.kind = parser, kind
 
   def parse(self, argument):
     try:
@@ -82,31 +111,34 @@ class _PresetParser(flags.ArgumentParser):
     except ConfigError as e:
       # Raised, absl would print it as a two-line "FATAL Flags parsing error"
       # and exit 1; a bad command line here is one line and exit 2.
-      _usage_exit(str(e))
+      usage_exit(str(e))
     # ml_collections loads every file as the module `config_config`, re-running
     # it in the module of the file before (the default preset, loaded at
     # import): a file without get_config would inherit that one's and train it.
     sys.modules.pop(f'{getattr(self._parser, "name", "config")}_config', None)
     try:
-      return self._parser.parse(resolved)
+      config = self._parser.parse(resolved)
     except SyntaxError as e:  # the file cannot be read as Python: where, not a traceback
       where = f'{e.filename or resolved.partition(":")[0]}, line {e.lineno}'
-      _usage_exit(f'--config={argument}: {where}: {e.msg} (a syntax error in the config '
+      usage_exit(f'--config={argument}: {where}: {e.msg} (a syntax error in the config '
                   'file).')
     except AttributeError as e:
       if "'get_config'" not in str(e):
         raise
-      _usage_exit(f'--config={argument}: {resolved.partition(":")[0]} defines no '
+      usage_exit(f'--config={argument}: {resolved.partition(":")[0]} defines no '
                   'get_config(); a config file defines get_config() (or get_config(arg) for '
                   '--config=FILE:arg) returning an ml_collections.ConfigDict.')
+    if kind_of(config) != self.kind:
+      usage_exit(f'--config={argument}: a {kind_of(config)!r} config, for '
+                  f'{ENTRY_POINTS.get(kind_of(config), "another entry point")}; this entry '
+                  f'point takes {self.kind!r} configs: the presets '
+                  f'{", ".join(presets_of(self.kind))}, or a file of that kind.')
+    return config
 
   def flag_type(self):
     return self._parser.flag_type()
 
 
-def _usage_exit(message: str) -> None:
-  print(f'error: {message}', file=sys.stderr)
-  sys.exit(USAGE_ERROR)
 
 
 def DEFINE_config_file(name: str, default: str, help_string: str,  # pylint: disable=invalid-name
@@ -123,12 +155,24 @@ def DEFINE_config_file(name: str, default: str, help_string: str,  # pylint: dis
   Returns:
     The flag's holder; `.value` is the ConfigDict.
   """
+  # Loaded for its kind: an entry point takes the configs of its default's kind.
+  kind = kind_of(_load(default))
+  mine = presets_of(kind)
+  example = default if default in mine else mine[0]
+  # Overrides are read from the command line command_line.parse_flags
+  # checked (it fills this list), never at import time.
+  checked = []
   holder = config_flags.DEFINE_config_file(
-      name, resolve(default), f'{help_string} A packaged preset ({", ".join(available())}; '
-      f'e.g. --{name}=copy:scale=tiny) or the path to a get_config file.',
-      # Overrides are read from runtime.parse_flags' checked command line,
-      # never at import time: app.run(main, flags_parser=parse_flags).
-      flag_values=flag_values, sys_argv=CONFIG_ARGV)
+      name, resolve(default), f'{help_string} A packaged preset ({", ".join(mine)}; '
+      f'e.g. --{name}={example}:scale=tiny) or the path to a get_config file.',
+      flag_values=flag_values, sys_argv=checked)
   flag = flag_values[name]
-  flag.parser = _PresetParser(flag.parser)
+  flag.parser = _PresetParser(flag.parser, kind)
+  flag.checked_argv = checked
+  # A key flag of the entry point's module, so that its --help lists it
+  # (absl lists the main module's own and key flags; this one is defined in
+  # ml_collections' module). absl names the main module by sys.argv[0].
+  caller = sys._getframe(1).f_globals.get('__name__')  # pylint: disable=protected-access
+  flag_values.register_key_flag_for_module(sys.argv[0] if caller == '__main__' else caller,
+                                           flag)
   return holder

@@ -19,6 +19,8 @@ from attention_jax.attention import Request
 from attention_jax.attention import select_implementation
 from attention_jax.attention.scores import as_terms
 from attention_jax.lab import tasks
+from attention_jax.lab.cluster import check_shard
+from attention_jax.lab.errors import ConfigError
 from attention_jax.nn.additive import SCORES
 from attention_jax.positional import ENCODINGS
 from attention_jax.positional import parse_encoding_spec
@@ -47,10 +49,6 @@ IMPORTS_HINT = ('; your own encoding: register it with attention_jax.register_en
                 'module and name that module in --config.imports=my_module')
 
 
-class ConfigError(ValueError):
-  """A config that cannot run, found before anything is created."""
-
-
 def _require(ok: bool, message: str) -> None:
   if not ok:
     raise ConfigError(f'invalid config: {message}')
@@ -76,17 +74,6 @@ def _check_optimizer(tr) -> None:
     _number(tr[name], lambda v: v >= 0, f'train.{name}', '>= 0')
   _number(tr.get('max_minutes', 0), lambda v: v >= 0, 'train.max_minutes',
           '>= 0 (minutes of this invocation; 0 = no limit)')
-
-
-def check_shard(shard) -> None:
-  """`study.shard` is () or (INDEX, COUNT), COUNT >= 1, INDEX in 0…COUNT-1."""
-  shard = tuple(shard)
-  _require(shard == () or (
-      len(shard) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in shard)
-      and shard[1] >= 1 and 0 <= shard[0] < shard[1]),
-      f'study.shard={shard!r} must be (INDEX, COUNT) with COUNT >= 1 and INDEX in '
-      '0…COUNT-1, e.g. --config.study.shard="(0,4)", or () (SLURM_ARRAY_TASK_ID/COUNT '
-      'when set, else the whole sweep).')
 
 
 def _check_option_values(m, name: str, values) -> None:

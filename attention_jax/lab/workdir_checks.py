@@ -10,7 +10,7 @@ import os
 import shutil
 import tempfile
 
-from attention_jax.lab.validate import ConfigError
+from attention_jax.lab.errors import ConfigError
 
 
 def check_workdir(path: str) -> None:

@@ -26,7 +26,7 @@ from attention_jax.lab import plots
 from attention_jax.lab import results
 from attention_jax.lab import plan
 from attention_jax.lab.entries import run_label
-from attention_jax.lab.validate import ConfigError
+from attention_jax.lab.errors import ConfigError
 
 EXPECTED = ('a study workdir (results.csv or TASK/LABEL/seedN/, from '
             'experiments.length_extrapolation) or a run workdir (config.json and '

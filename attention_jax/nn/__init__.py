@@ -10,3 +10,6 @@ from attention_jax.nn.seq2seq import Seq2Seq
 from attention_jax.nn.transformer import TransformerLM
 from attention_jax.nn.encoder import TransformerEncoder
 from attention_jax.nn.decoding import generate
+from attention_jax.nn.sampling import process_logits
+from attention_jax.nn.sampling import sample_tokens
+from attention_jax.nn import sharding

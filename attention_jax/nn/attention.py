@@ -8,7 +8,7 @@ d_model]`), so weights move between the two; the class docstring lists where
 the two modules' interfaces differ.
 
 A module is causal or not as one property, set at construction by the
-required `causal=` (no default: Flax's module is not causal, ours once was):
+required `causal=` (no default: either one would be silently wrong for the other use):
 it decides both the mask and the encoding's bias (ALiBi's is -slope·(i - j)
 causal, -slope·|i - j| otherwise). A positional encoding (a registry name
 or a `PositionalEncoding`) acts here through its in-attention hooks: RoPE
@@ -30,7 +30,8 @@ at `W_Q`, `W_K`, `W_V`, `W_O` (`kernel`, and `bias` with `use_bias`); the
 encoding's at `positional.<name>` (e.g. `positional.pos_emb` of CoPE,
 `positional.raw_r1` of KERPLE); scalable softmax's s at `ssmax_scale`;
 stick-breaking's 'head_bias' remainder at `remainder.head_bias` and
-`remainder.norm.{scale,bias}`. The attribute is `positional` for stored
+`remainder.norm.{scale,bias}`; learned sink logits (`sinks=True`) at
+`sink_logits` (`[num_heads]`). The attribute is `positional` for stored
 checkpoints' sake; read the encoding itself through the public
 `module.encoding` (the same object), not the name, which is also the
 subpackage `aj.positional`.
@@ -51,6 +52,7 @@ from attention_jax.attention.normalization import as_normalization
 from attention_jax.attention.scalable import scalable_softmax_queries
 from attention_jax.attention.scalable import visible_keys
 from attention_jax.attention.segments import check_segment_ids
+from attention_jax.attention.soft_cap import check_soft_cap
 from attention_jax.nn.arguments import CAUSAL
 from attention_jax.nn.arguments import ORDER
 from attention_jax.nn.arguments import call_inputs
@@ -58,11 +60,22 @@ from attention_jax.nn.arguments import model_width
 from attention_jax.nn.arguments import resolve_deterministic
 from attention_jax.nn.cache import CACHE_NAMES
 from attention_jax.nn.cache import KVCache
+from attention_jax.nn.sharding import BATCH_LENGTH_EMBED
+from attention_jax.nn.sharding import KV_HEADS
+from attention_jax.nn.sharding import QUERY_HEADS
+from attention_jax.nn.sharding import constrain
 from attention_jax.nn.stick_breaking import HeadBiasRemainder
 from attention_jax.nn.self_attention import Positional
 from attention_jax.nn.self_attention import SelfAttention  # pylint: disable=unused-import
 from attention_jax.nn.self_attention import resolve_encoding
 from attention_jax.positional.base import ScoreContext
+from attention_jax.positional.parameters import EMBED
+from attention_jax.positional.parameters import HEADS
+from attention_jax.positional.parameters import KV
+from attention_jax.positional.parameters import KV_HEADS as KV_HEAD_AXIS
+from attention_jax.positional.parameters import annotation
+from attention_jax.positional.parameters import check_dtypes
+from attention_jax.positional.parameters import param
 
 
 class MultiHeadAttention(KVCache, nnx.Module):
@@ -88,7 +101,9 @@ class MultiHeadAttention(KVCache, nnx.Module):
   may append several tokens at once; the cache paths (`extend`,
   `decode=True`) never drop; `dropout_rate > 0` forms the weights (dense
   kernel) while dropping; `kernel_init`, `precision`, `attention_fn`,
-  `normalize_qk`, `keep_rngs` and sharding arguments are not provided. The
+  `normalize_qk`, `keep_rngs` and Flax's per-call `out_sharding` are not
+  provided (parameters carry logical axis names instead: `nn.sharding`).
+  Params and computation follow Flax's `dtype` / `param_dtype` (below). The
   kernels' names are the lesson's (`W_Q`, `W_K`, `W_V`, `W_O`; Flax:
   `query`, `key`, `value`, `out`), with the same layouts: `nn.from_flax` /
   `nn.to_flax` convert the parameters either way.
@@ -115,7 +130,17 @@ class MultiHeadAttention(KVCache, nnx.Module):
       `causal`, the `sliding_window` latest tokens.
     max_positions: passed to an encoding built from a name.
     use_bias: biases on the four projections (Flax's default is True).
-    dtype, param_dtype: computation and parameter dtypes of the projections.
+    dtype: the computation dtype, as Flax's: the projections (and the
+      attention kernels, which read q, k and v) compute in it; None (the
+      default, Flax's): inferred from the input and the parameters
+      (`jnp.result_type`, so float32 parameters give float32). Scores,
+      softmax and stick-breaking's cumulative sums, RoPE's angles and the
+      encoding's score contributions stay float32 whatever it is; the output
+      is in it. Keyword only; a dtype that is not floating is a ValueError,
+      something that is not a dtype a TypeError.
+    param_dtype: the dtype every parameter (projections, the encoding's,
+      scalable softmax's s, stick-breaking's remainder) is stored in;
+      default float32.
     dropout_rate: dropout on the attention weights (Flax's), default 0.0: no
       dropout, no RNG needed, results unchanged. While dropping, the call
       forms the weights, so `implementation` must be 'auto' or 'dense'; with
@@ -145,6 +170,14 @@ class MultiHeadAttention(KVCache, nnx.Module):
       encoding; served by the dense and chunked kernels. With
       `remainder='head_bias'` (the authors' model code) the module holds the
       learned vector and GroupNorm (`nn.stick_breaking`) as `remainder`.
+    logit_soft_cap: None, or c > 0: every score, biases added, becomes
+      `c · tanh(s / c)` before the mask (Gemma 2 uses 50.0; see
+      `attention.soft_cap`). Softmax only.
+    sinks: True: one learned sink logit per head (gpt-oss), in param_dtype at
+      `sink_logits`, starting at zero, which joins each softmax's
+      denominator only, so a head may attend to nothing
+      (`attention.sink_logits`). Not `WindowBias(sink=)`, which keeps the
+      first tokens visible. Softmax only.
     rngs: `nnx.Rngs` for the parameters (and, with `dropout_rate > 0`, a
       fork of its 'dropout' stream).
   """
@@ -163,9 +196,11 @@ class MultiHeadAttention(KVCache, nnx.Module):
                chunked_strategy: str = 'auto',
                scalable_softmax: Optional[float] = None,
                normalization: Normalization = 'softmax',
+               logit_soft_cap: Optional[float] = None, sinks: bool = False,
                rngs: nnx.Rngs):
     if causal is None:
       raise ValueError(CAUSAL)
+    dtype, param_dtype = check_dtypes('MultiHeadAttention', dtype, param_dtype)
     d_model = model_width(d_model, in_features)
     if num_heads is None:
       raise ValueError(f'MultiHeadAttention needs num_heads; {ORDER}.')
@@ -190,6 +225,14 @@ class MultiHeadAttention(KVCache, nnx.Module):
     if self.normalization is not None and not causal:
       raise ValueError(f'normalization={normalization!r} (stick-breaking) reads the keys '
                        'before each query: it needs causal=True.')
+    check_soft_cap(logit_soft_cap)
+    if not isinstance(sinks, bool):
+      raise TypeError(f'sinks={sinks!r}: use True (one learned sink logit per head) or '
+                      'False.')
+    if self.normalization is not None and (logit_soft_cap is not None or sinks):
+      raise ValueError(f'logit_soft_cap={logit_soft_cap!r}, sinks={sinks!r}: both act on a '
+                       f'softmax, not on normalization={normalization!r} (stick-breaking).')
+    self.logit_soft_cap = None if logit_soft_cap is None else float(logit_soft_cap)
     self.implementation, self.chunk_size = implementation, chunk_size
     self.chunked_strategy, self.causal = chunked_strategy, bool(causal)
     self.d_model, self.num_heads, self.num_kv_heads = d_model, num_heads, num_kv_heads
@@ -198,20 +241,29 @@ class MultiHeadAttention(KVCache, nnx.Module):
     self.in_kv_features = d_model if in_kv_features is None else in_kv_features
     self.sliding_window = sliding_window
     self.head_dim = d_model // num_heads
+    self.dtype, self.param_dtype = dtype, param_dtype
     heads = (num_heads, self.head_dim)
     proj = dict(use_bias=use_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-    self.W_Q = nnx.LinearGeneral(d_model, heads, **proj)
-    self.W_K = nnx.LinearGeneral(self.in_kv_features, (num_kv_heads, self.head_dim), **proj)
-    self.W_V = nnx.LinearGeneral(self.in_kv_features, (num_kv_heads, self.head_dim), **proj)
-    self.W_O = nnx.LinearGeneral(heads, self.out_features, axis=(-2, -1), **proj)
+    # Logical axis names of each kernel and its bias (`nn.sharding`).
+    axes = lambda kernel, bias: dict(kernel_metadata=annotation(kernel),
+                                     bias_metadata=annotation(bias))
+    self.W_Q = nnx.LinearGeneral(d_model, heads, **proj,
+                                 **axes((EMBED, HEADS, KV), (HEADS, KV)))
+    self.W_K = nnx.LinearGeneral(self.in_kv_features, (num_kv_heads, self.head_dim), **proj,
+                                 **axes((EMBED, KV_HEAD_AXIS, KV), (KV_HEAD_AXIS, KV)))
+    self.W_V = nnx.LinearGeneral(self.in_kv_features, (num_kv_heads, self.head_dim), **proj,
+                                 **axes((EMBED, KV_HEAD_AXIS, KV), (KV_HEAD_AXIS, KV)))
+    self.W_O = nnx.LinearGeneral(heads, self.out_features, axis=(-2, -1), **proj,
+                                 **axes((HEADS, KV, EMBED), (EMBED,)))
     self.positional = resolve_encoding(
         encoding, d_model=d_model, num_heads=num_heads, max_positions=max_positions,
-        causal=self.causal, rngs=rngs, owner='MultiHeadAttention', options=encoding_options)
+        causal=self.causal, rngs=rngs, owner='MultiHeadAttention', options=encoding_options,
+        dtype=dtype, param_dtype=param_dtype)
     if scalable_softmax is not None and not scalable_softmax > 0:
       raise ValueError(f'scalable_softmax={scalable_softmax!r}: the initial s must be > 0 '
                        '(or None for plain softmax).')
     self.ssmax_scale = (None if scalable_softmax is None else
-                        nnx.Param(jnp.full((num_heads,), scalable_softmax, jnp.float32)))
+                        param(jnp.full((num_heads,), scalable_softmax), (HEADS,), param_dtype))
     self.dropout_rate, self.deterministic = float(dropout_rate), deterministic
     self.broadcast_dropout, self.decode = broadcast_dropout, decode
     # Forked only when dropping, so that rate 0 leaves `rngs` (and therefore
@@ -223,6 +275,11 @@ class MultiHeadAttention(KVCache, nnx.Module):
                                         param_dtype=param_dtype, rngs=rngs)
                       if self.normalization is not None
                       and self.normalization.remainder == 'head_bias' else None)
+    # Zeros, drawing no RNG: the other parameters stay what they were without it.
+    # Stored in param_dtype and named by head like every parameter; read in
+    # float32 where they join the softmax.
+    self.sink_logits = (param(jnp.zeros((num_heads,)), (HEADS,), param_dtype) if sinks
+                        else None)
     for name in CACHE_NAMES:  # Flax's stateful cache (init_cache with a shape)
       setattr(self, f'cached_{name}', nnx.data(None))
     self.cache_index = nnx.data(None)
@@ -266,7 +323,8 @@ class MultiHeadAttention(KVCache, nnx.Module):
 
   def _encoded_qkv(self, x, context, positions, context_positions, kv_lengths):
     """(q, k, v) of the call: `encoded_queries_keys`' q and k, and v."""
-    q, k, v = self.W_Q(x), self.W_K(context), self.W_V(context)
+    q, k, v = (constrain(self.W_Q(x), QUERY_HEADS), constrain(self.W_K(context), KV_HEADS),
+               constrain(self.W_V(context), KV_HEADS))
     q, k = self.positional.rotate_queries_keys(q, k, positions, context_positions)
     if self.ssmax_scale is not None:
       n = visible_keys(np.arange(x.shape[1]), context.shape[1], causal=self.causal,
@@ -391,16 +449,22 @@ class MultiHeadAttention(KVCache, nnx.Module):
         normalization=self.normalization,
         implementation=self.implementation, return_weights=weighted,
         chunk_size=self.chunk_size, chunked_strategy=self.chunked_strategy,
-        segment_ids=q_ids, kv_segment_ids=kv_ids)
+        segment_ids=q_ids, kv_segment_ids=kv_ids, **self._logit_options())
     if not weighted:
-      return self.W_O(self._with_remainder(result))
+      return constrain(self.W_O(self._with_remainder(result)), BATCH_LENGTH_EMBED)
     out, weights = result
     if sow_weights:
       self.sow(nnx.Intermediate, 'attention_weights', weights)
     if dropping:
       out = self._dropped_values(weights, k, v, rngs)
-    out = self.W_O(self._with_remainder(out))
+    out = constrain(self.W_O(self._with_remainder(out)), BATCH_LENGTH_EMBED)
     return (out, weights) if return_weights else out
+
+  def _logit_options(self) -> dict:
+    """The soft cap and the sink logits, as `scaled_dot_product_attention` takes them."""
+    return dict(logit_soft_cap=self.logit_soft_cap,
+                sinks=None if self.sink_logits is None else
+                self.sink_logits[...].astype(jnp.float32))
 
   def _with_remainder(self, out):
     """Attention output `[B, T_q, H, D]` (D + 1 with 'head_bias') -> `[B, T_q,

@@ -250,12 +250,13 @@ class KVCache:
         q_history=heads_first(cache['query']).astype(q.dtype) if 'query' in cache else None))
     # The mask moves with `start`, which blocks do not express; the queries
     # are one token (or a prompt), cheap on the other kernels.
-    implementation = 'auto' if self.implementation == 'chunked' else self.implementation
+    implementation = ('auto' if self.implementation in ('chunked', 'path_blockwise')
+                      else self.implementation)
     values = heads_first(cache['value']).astype(v.dtype)
     if self.remainder is not None:  # stick-breaking's 'head_bias' (nn.stick_breaking)
       values = self.remainder.values(values)
     out = scaled_dot_product_attention(
         q, all_keys, values, mask=mask,
         score_bias=score_bias, normalization=self.normalization, q_slots=slots,
-        implementation=implementation)
+        implementation=implementation, **self._logit_options())
     return self.W_O(self._with_remainder(out)), cache

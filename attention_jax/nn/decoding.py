@@ -1,13 +1,20 @@
-"""Greedy decoding through the key/value cache, for any model with the
-cache protocol: `init_cache(batch_size, cache_size) -> cache` and
-`extend(tokens [B, S], cache, start, *, positions=None) -> (logits [B, S, V],
-cache)` (`TransformerLM` has it)."""
+"""Decoding through the key/value cache, greedy or sampled (`nn.sampling`),
+for any model with the cache protocol: `init_cache(batch_size, cache_size)
+-> cache` and `extend(tokens [B, S], cache, start, *, positions=None) ->
+(logits [B, S, V], cache)` (`TransformerLM` has it)."""
 
-from typing import Optional
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
+
+from attention_jax.nn.cache import is_static
+from attention_jax.nn.sampling import check_sampling_options
+from attention_jax.nn.sampling import options_valid
+from attention_jax.nn.sampling import sample_tokens
+from attention_jax.nn.sampling import static_int
 
 
 PROTOCOL = ('init_cache(batch_size, cache_size) -> cache and extend(tokens [B, S], cache, '
@@ -47,6 +54,31 @@ def greedy_predictions(model, inputs: jax.Array,
   row ends.
   """
   check_cache_protocol(model, 'greedy_predictions')
+  t = inputs.shape[1]
+  predictions, stop = decode(model, inputs, prompt_lengths, positions,
+                             stop=t if stop is None else stop, choose=_argmax)
+  return jnp.where(jnp.arange(t) < stop, predictions, 0)
+
+
+def _argmax(logits, i):  # pylint: disable=unused-argument
+  return jnp.argmax(logits, -1).astype(jnp.int32)
+
+
+def decode(model, inputs: jax.Array, prompt_lengths: jax.Array,
+           positions: Optional[jax.Array], *, stop, choose: Callable,
+           ends: Optional[jax.Array] = None,
+           eos_id: Optional[int] = None) -> tuple[jax.Array, jax.Array]:
+  """The decoding loop of `greedy_predictions` and `generate`.
+
+  inputs int `[B, T]`, prompt_lengths int `[B]`, positions None, `[T]` or
+  `[B, T]`; `choose(logits [B, V], t) -> int32 [B]` picks the token that
+  position t predicts. The loop runs from the shortest prompt's last
+  position up to `stop` (clipped to it … T), and ends earlier once every
+  row is finished: it has predicted slot `ends - 1` (int `[B]`), or a token
+  `eos_id` after its prompt. Returns (predictions int32 `[B, T]`, prediction
+  t the token for slot t+1, read only where the loop reached; the clipped
+  stop).
+  """
   b, t = inputs.shape
   if positions is not None:
     positions = jnp.broadcast_to(jnp.asarray(positions, jnp.int32), (b, t))
@@ -56,52 +88,215 @@ def greedy_predictions(model, inputs: jax.Array,
   logits, cache = _extend(model, inputs, model.init_cache(b, t), 0, positions)
   predictions = jnp.argmax(logits, -1).astype(jnp.int32)
   first = jnp.clip(jnp.min(prompt_lengths) - 1, 0, t)
-  stop = t if stop is None else jnp.clip(stop, first, t)
+  stop = jnp.clip(stop, first, t)
   graphdef, state = nnx.split(model)  # a pure loop body: merge inside
 
-  def step(i, carry):
-    cache, predictions = carry
+  def step(carry):
+    i, cache, predictions, finished = carry
     previous = jax.lax.dynamic_index_in_dim(predictions, jnp.maximum(i - 1, 0), 1, False)
     token = jnp.where(i < prompt_lengths, inputs[:, i], previous)
     pos = None if positions is None else jax.lax.dynamic_slice_in_dim(positions, i, 1, 1)
     # Slot i of a cache of t slots, i < t: in range by construction (the
     # traced check costs a few scalar operations).
     logits, cache = _extend(nnx.merge(graphdef, state), token[:, None], cache, i, pos)
-    prediction = jnp.argmax(logits, -1).astype(jnp.int32)
-    return cache, jax.lax.dynamic_update_slice_in_dim(predictions, prediction, i, 1)
+    prediction = choose(logits[:, 0], i)
+    if ends is not None:
+      finished |= i + 1 >= ends - 1
+    if eos_id is not None:
+      finished |= (i + 1 >= prompt_lengths) & (prediction == eos_id)
+    return (i + 1, cache, jax.lax.dynamic_update_slice_in_dim(predictions, prediction[:, None],
+                                                              i, 1), finished)
 
-  _, predictions = jax.lax.fori_loop(first, stop, step, (cache, predictions))
-  return jnp.where(jnp.arange(t) < stop, predictions, 0)
+  def more(carry):
+    i, _, _, finished = carry
+    return (i < stop) & ~jnp.all(finished)
+
+  carry = (first, cache, predictions, jnp.zeros((b,), bool))
+  _, _, predictions, _ = jax.lax.while_loop(more, step, carry)
+  return predictions, stop
 
 
 def generate(model, prompt: jax.Array, num_tokens: int, *,
-             positions: Optional[jax.Array] = None) -> jax.Array:
-  """Greedy generation with the key/value cache.
+             positions: Optional[jax.Array] = None,
+             prompt_lengths: Optional[jax.Array] = None,
+             key: Optional[jax.Array] = None, temperature=None,
+             top_k: Optional[int] = None, top_p=None,
+             eos_id: Optional[int] = None, pad_id: int = 0) -> jax.Array:
+  """Generation with the key/value cache: greedy by default, or sampled.
+
+  Greedy or sampled, one rule: without `key` every token is the argmax of
+  the logits (ties: the lower id), and giving `temperature`, `top_k` or
+  `top_p` without a key is a ValueError; with `key` tokens are drawn
+  (`nn.sampling`: temperature, then top-k, then top-p, in float32), and
+  temperature 0 is again the argmax.
 
   Args:
     model: a `TransformerLM`, or any model with the cache protocol (module
       docstring); a TypeError naming the methods otherwise.
-    prompt: int `[B, P]`, P >= 1 tokens.
-    num_tokens: how many tokens to append.
+    prompt: int `[B, P]`, P >= 1 tokens; with `prompt_lengths`, row b's
+      prompt is `prompt[b, :prompt_lengths[b]]` and the rest of the row
+      any token ids (padding, never read as a token of the row).
+    num_tokens: how many tokens each row gets after its prompt (a Python
+      int >= 0: it sizes the output).
     positions: optional int `[P + num_tokens]` or `[B, P + num_tokens]` for
-      the encoding (default 0 … P+num_tokens-1).
+      the encoding, by slot (default 0 … P+num_tokens-1).
+    prompt_lengths: optional int `[B]`, each in 1 … P (default P): rows of
+      different lengths, right-padded to P. May be traced.
+    key: a `jax.random.key`, or one per row `[B]`; a single key gives row b
+      `jax.random.split(key, B)[b]`, so row b equals generating its prompt
+      alone with that key in a batch of one (`key=keys[b:b+1]`). The token
+      for slot s of a row is drawn with `jax.random.fold_in(row_key, s - 1)`.
+      (Flax's Gemma sampler folds the step into one key for the whole
+      batch, so there a row's draws depend on the rows beside it.)
+    temperature: >= 0, may be traced (default 1 with a key); 0 is greedy.
+    top_k: a Python int in 1 … vocab_size (static), or None (all tokens).
+    top_p: in (0, 1], may be traced, or None (1: all tokens).
+    eos_id: optional token id in 0 … vocab_size-1: a row's tokens after the
+      first `eos_id` it generates are `pad_id`; the other rows go on, and
+      decoding stops once every row has generated it (or its num_tokens).
+      An `eos_id` inside a prompt ends nothing, as in Hugging Face (Flax's
+      Gemma sampler pads after the first EOS anywhere, prompt included).
+    pad_id: the token id after a row's end (default 0), in 0 … vocab_size-1.
 
   Returns:
-    int32 `[B, P + num_tokens]`: the prompt, then at each step the argmax of
-    the logits after the tokens so far — what re-running the model on the
-    growing sequence would pick.
+    int32 `[B, P + num_tokens]`: row b holds its prompt, then its
+    num_tokens tokens (up to and including its first `eos_id`), then
+    `pad_id`: what re-running the model on the growing sequence of that row
+    alone would pick or, sampled, draw with the same keys. Without
+    `prompt_lengths` and `eos_id`: the prompt and num_tokens tokens.
+
+  Under `jit` (static: num_tokens, top_k, eos_id, pad_id; traced:
+  temperature, top_p, prompt_lengths, key) a traced value cannot be
+  checked: an invalid temperature or top_p makes every generated token -1,
+  an invalid prompt length its whole row (-1 is no token id, so such output
+  cannot pass for a sample). Everything else is refused with a ValueError
+  or TypeError before decoding; so is a cache of P + num_tokens slots that
+  the model's positions cannot serve (a learned table, with default
+  positions).
   """
   check_cache_protocol(model, 'generate')
-  prompt = jnp.asarray(prompt, jnp.int32)
+  prompt = _check_prompt(prompt)
+  num_tokens = _check_num_tokens(num_tokens)
+  sampling = (temperature, top_k, top_p) != (None, None, None)
+  if key is None and sampling:
+    given = ', '.join(f'{n}={v!r}' for n, v in (('temperature', temperature), ('top_k', top_k),
+                                                 ('top_p', top_p)) if v is not None)
+    raise ValueError(f'generate: {given} samples, which needs key= (a jax.random.key, or '
+                     'one per row); without a key generation is greedy and takes no '
+                     'temperature, top_k or top_p.')
+  (b, p), total = prompt.shape, prompt.shape[1] + num_tokens
+  if temperature is None and key is not None:
+    temperature = 1.0
+  top_k = check_sampling_options(temperature, top_k, top_p)
+  pad_id = _check_token_id('pad_id', pad_id, None)
+  if top_k is not None or eos_id is not None or pad_id != 0:
+    vocab = _vocab_size(model, prompt, positions)
+    check_sampling_options(top_k=top_k, vocab_size=vocab)
+    eos_id = _check_token_id('eos_id', eos_id, vocab)
+    _check_token_id('pad_id', pad_id, vocab)
+  lengths, rows_valid = _check_prompt_lengths(prompt_lengths, b, p)
+  row_keys = None if key is None else _row_keys(key, b)
+  slots = jnp.arange(total)[None, :]
+  if num_tokens == 0:
+    if prompt_lengths is None:
+      return prompt
+    tokens = jnp.where(slots < lengths[:, None], prompt, pad_id)
+    return jnp.where(rows_valid[:, None], tokens, -1).astype(jnp.int32)
+
+  def choose(logits, i):
+    if row_keys is None:
+      return _argmax(logits, i)
+    sample = lambda k, row: sample_tokens(jax.random.fold_in(k, i), row,
+                                          temperature=temperature, top_k=top_k, top_p=top_p)
+    return jax.vmap(sample)(row_keys, logits)
+
+  # Decoding the prompt padded to `total`: prediction t is the token for slot t+1.
+  padded = jnp.concatenate([prompt, jnp.zeros((b, num_tokens), jnp.int32)], axis=1)
+  ends = lengths + num_tokens
+  predictions, _ = decode(model, padded, lengths, positions, stop=jnp.max(ends) - 1,
+                          choose=choose, ends=ends, eos_id=eos_id)
+  shifted = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), predictions[:, :-1]], axis=1)
+  in_prompt = slots < lengths[:, None]
+  generated = ~in_prompt & (slots < ends[:, None])
+  if eos_id is not None:  # up to and including the first EOS after the prompt
+    eos = generated & (shifted == eos_id)
+    last = jnp.where(jnp.any(eos, 1), jnp.argmax(eos, 1), total)
+    generated &= slots <= last[:, None]
+  tokens = jnp.where(generated, shifted, pad_id)
+  tokens = jnp.where(options_valid(temperature, top_p), tokens, -1)
+  tokens = jnp.where(in_prompt, padded, tokens)
+  return jnp.where(rows_valid[:, None], tokens, -1).astype(jnp.int32)
+
+
+def _check_prompt(prompt) -> jax.Array:
+  prompt = prompt if isinstance(prompt, jax.Array) else np.asarray(prompt)
   if prompt.ndim != 2 or prompt.shape[1] < 1:
     raise ValueError(f'prompt must be int [batch, length >= 1], got shape {prompt.shape}.')
+  if not jnp.issubdtype(prompt.dtype, jnp.integer):
+    example = ('' if not (is_static(prompt) and prompt.size)
+               else f' (e.g. {np.asarray(prompt).ravel()[0].item():g})')
+    raise TypeError(f'prompt must be int token ids [batch, length], got dtype '
+                    f'{prompt.dtype}{example}; a float is not truncated to an id: cast '
+                    'it yourself if that is what you mean.')
+  return jnp.asarray(prompt, jnp.int32)
+
+
+def _check_num_tokens(num_tokens) -> int:
+  num_tokens = static_int('num_tokens', num_tokens,
+                          'a Python int >= 0 (static: it sizes the output)')
   if num_tokens < 0:
     raise ValueError(f'num_tokens must be >= 0, got {num_tokens}.')
-  (b, p), total = prompt.shape, prompt.shape[1] + num_tokens
-  if num_tokens == 0:
-    return prompt
-  # Greedy decoding of the prompt padded to `total`: prediction t is token t+1.
-  padded = jnp.concatenate([prompt, jnp.zeros((b, num_tokens), jnp.int32)], axis=1)
-  predictions = greedy_predictions(model, padded, jnp.full((b,), p, jnp.int32), positions,
-                                   stop=total - 1)
-  return jnp.concatenate([prompt, predictions[:, p - 1:total - 1]], axis=1)
+  return int(num_tokens)
+
+
+def _check_token_id(name: str, value, vocab: Optional[int]) -> Optional[int]:
+  """`value` as an int (None stays None), or an error naming it; the
+  vocabulary's upper end is checked when `vocab` is known."""
+  if value is None:
+    return None
+  value = static_int(name, value, 'a Python int token id (static)')
+  if value < 0 or (vocab is not None and value >= vocab):
+    upper = '' if vocab is None else f' … {vocab - 1} (vocab_size={vocab})'
+    raise ValueError(f'{name}={value} is outside the vocabulary 0{upper}.')
+  return value
+
+
+def _vocab_size(model, prompt, positions) -> int:
+  """V of the model's logits, from a trace of one cached step (nothing runs)."""
+  pos = None if positions is None else jnp.zeros((prompt.shape[0], 1), jnp.int32)
+  shape = jax.eval_shape(lambda tokens: _extend(model, tokens, model.init_cache(
+      tokens.shape[0], 1), 0, pos)[0], jax.ShapeDtypeStruct((prompt.shape[0], 1), jnp.int32))
+  return shape.shape[-1]
+
+
+def _check_prompt_lengths(prompt_lengths, b: int, p: int) -> tuple[jax.Array, jax.Array]:
+  """(lengths int32 `[B]`, rows valid bool `[B]`): a known length outside
+  1 … P is a ValueError, a traced one marks its row invalid."""
+  if prompt_lengths is None:
+    return jnp.full((b,), p, jnp.int32), jnp.ones((b,), bool)
+  lengths = jnp.asarray(prompt_lengths)
+  if lengths.shape != (b,) or not jnp.issubdtype(lengths.dtype, jnp.integer):
+    raise ValueError(f'prompt_lengths must be int [batch] = [{b}], got shape '
+                     f'{lengths.shape} and dtype {lengths.dtype}.')
+  if is_static(lengths):
+    bad = np.asarray(lengths)[(np.asarray(lengths) < 1) | (np.asarray(lengths) > p)]
+    if bad.size:
+      raise ValueError(f'prompt_lengths holds {int(bad[0])}: each must be in 1 … {p} (the '
+                       f'prompt has {p} columns).')
+  lengths = lengths.astype(jnp.int32)
+  return lengths, (lengths >= 1) & (lengths <= p)
+
+
+def _row_keys(key, b: int) -> jax.Array:
+  """One key per row `[B]` from a key `[]` (split) or `[B]`."""
+  key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
+  if not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+    raise TypeError(f'key must be a jax.random.key (a typed key array), got dtype '
+                    f'{key.dtype} and shape {key.shape}; jax.random.wrap_key_data turns '
+                    'raw uint32 key data into one.')
+  if key.shape == ():
+    return jax.random.split(key, b)
+  if key.shape != (b,):
+    raise ValueError(f'key must be one jax.random.key (shape ()) or one per row (shape '
+                     f'({b},)), got shape {key.shape}.')
+  return key

@@ -37,36 +37,47 @@ import numpy as np
 from flax import nnx
 
 from attention_jax.nn.attention import MultiHeadAttention
+from attention_jax.nn.sharding import BATCH_LENGTH_EMBED
+from attention_jax.nn.sharding import BATCH_LENGTH_MLP
+from attention_jax.nn.sharding import constrain
+from attention_jax.nn.transformer import layer_norm
+from attention_jax.nn.transformer import linear
 from attention_jax.positional import make_encoding
 from attention_jax.positional.base import haiku_truncated_normal
+from attention_jax.positional.parameters import EMBED
+from attention_jax.positional.parameters import MLP
+from attention_jax.positional.parameters import VOCAB
+from attention_jax.positional.parameters import annotation
+from attention_jax.positional.parameters import check_dtypes
 
 
-def _linear(d_in, d_out, rngs, use_bias=True):
-  return nnx.Linear(d_in, d_out, use_bias=use_bias, kernel_init=haiku_truncated_normal(),
-                    rngs=rngs)
+def _linear(d_in, d_out, axes, rngs, precision, use_bias=True):
+  return linear(d_in, d_out, axes, use_bias=use_bias, kernel_init=haiku_truncated_normal(),
+                rngs=rngs, **precision)
 
 
 class EncoderBlock(nnx.Module):
   """Post-LN block: bidirectional self-attention, then a ReLU FFN."""
 
-  def __init__(self, d_model, num_heads, mlp_dim, encoding, *, dropout_rate, rngs):
+  def __init__(self, d_model, num_heads, mlp_dim, encoding, *, dropout_rate, rngs,
+               precision):
     self.attention = MultiHeadAttention(d_model, num_heads, causal=False, encoding=encoding,
-                                        rngs=rngs)
+                                        rngs=rngs, **precision)
     for name in ('W_Q', 'W_K', 'W_V', 'W_O'):  # Haiku's Linear init, as theirs
       kernel = getattr(self.attention, name).kernel
-      kernel[...] = haiku_truncated_normal(1.0 / np.sqrt(d_model))(rngs.params(),
-                                                                  kernel[...].shape)
-    self.attention_norm = nnx.LayerNorm(d_model, epsilon=1e-5, rngs=rngs)
-    self.mlp_in = _linear(d_model, mlp_dim, rngs)
-    self.mlp_out = _linear(mlp_dim, d_model, rngs)
-    self.mlp_norm = nnx.LayerNorm(d_model, epsilon=1e-5, rngs=rngs)
+      kernel[...] = haiku_truncated_normal(1.0 / np.sqrt(d_model))(
+          rngs.params(), kernel[...].shape, precision['param_dtype'])
+    self.attention_norm = layer_norm(d_model, epsilon=1e-5, rngs=rngs, **precision)
+    self.mlp_in = _linear(d_model, mlp_dim, (EMBED, MLP), rngs, precision)
+    self.mlp_out = _linear(mlp_dim, d_model, (MLP, EMBED), rngs, precision)
+    self.mlp_norm = layer_norm(d_model, epsilon=1e-5, rngs=rngs, **precision)
     self.dropout = nnx.Dropout(dropout_rate)
 
   def __call__(self, h, *, positions, distances, kv_lengths, deterministic, rngs):
     """h `[B, T, d_model]` -> `[B, T, d_model]`."""
     a = self.attention(h, positions=positions, distances=distances, kv_lengths=kv_lengths)
     h = self.attention_norm(h + self.dropout(a, deterministic=deterministic, rngs=rngs))
-    f = self.mlp_out(jax.nn.relu(self.mlp_in(h)))
+    f = self.mlp_out(jax.nn.relu(constrain(self.mlp_in(h), BATCH_LENGTH_MLP)))
     return self.mlp_norm(h + self.dropout(f, deterministic=deterministic, rngs=rngs))
 
 
@@ -85,29 +96,38 @@ class TransformerEncoder(nnx.Module):
     encoding_options: keyword options of the encoding's `build`.
     dropout_rate: theirs 0.1; it drops only in a call with
       `deterministic=False` and `rngs=nnx.Rngs(dropout=…)` (training).
+    dtype: computation dtype of every layer (Flax's; None: inferred from the
+      inputs and parameters); LayerNorm statistics and softmax stay float32,
+      the logits are float32 whatever it is.
+    param_dtype: storage of every parameter; default float32.
     rngs: `nnx.Rngs` for the parameters.
   """
 
   def __init__(self, *, vocab_size: int, output_size: int, d_model: int, num_heads: int,
                num_layers: int, mlp_dim: int, encoding: str = 'none',
                max_positions: Optional[int] = None, encoding_options: Optional[dict] = None,
-               dropout_rate: float = 0.0, rngs: nnx.Rngs):
+               dropout_rate: float = 0.0, dtype=None, param_dtype=jnp.float32,
+               rngs: nnx.Rngs):
+    dtype, param_dtype = check_dtypes('TransformerEncoder', dtype, param_dtype)
+    precision = dict(dtype=dtype, param_dtype=param_dtype)
     self.vocab_size, self.num_layers = vocab_size, num_layers
+    self.dtype, self.param_dtype = dtype, param_dtype
     self.embed = nnx.Embed(vocab_size, d_model, embedding_init=haiku_truncated_normal(0.02),
-                           rngs=rngs)
+                           embedding_metadata=annotation((VOCAB, EMBED)), rngs=rngs,
+                           **precision)
     self.scale = float(np.sqrt(d_model))
     build = lambda: make_encoding(encoding, d_model=d_model, num_heads=num_heads,
                                   max_positions=max_positions, causal=False, rngs=rngs,
-                                  **(encoding_options or {}))
+                                  **precision, **(encoding_options or {}))
     self.positional = build()
     in_attention = self.positional.acts_in_attention
     self.blocks = nnx.List([
         EncoderBlock(d_model, num_heads, mlp_dim,
                      (self.positional if i == 0 else build()) if in_attention else None,
-                     dropout_rate=dropout_rate, rngs=rngs)
+                     dropout_rate=dropout_rate, rngs=rngs, precision=precision)
         for i in range(num_layers)])
     self.dropout = nnx.Dropout(dropout_rate)
-    self.head = _linear(d_model, output_size, rngs)
+    self.head = _linear(d_model, output_size, (EMBED, VOCAB), rngs, precision)
 
   def __call__(self, tokens: jax.Array, *, lengths: Optional[jax.Array] = None,
                positions: Optional[jax.Array] = None,
@@ -134,7 +154,7 @@ class TransformerEncoder(nnx.Module):
     if distances is not None:
       _check_layers('distances', distances, n, (t, t))
     h = self.positional.add_to_embeddings(self.embed(tokens) * self.scale, per_layer[0])
-    h = self.dropout(h, deterministic=deterministic, rngs=rngs)
+    h = constrain(self.dropout(h, deterministic=deterministic, rngs=rngs), BATCH_LENGTH_EMBED)
     for i, block in enumerate(self.blocks):
       h = block(h, positions=per_layer[i], distances=None if distances is None else distances[i],
                 kv_lengths=lengths, deterministic=deterministic, rngs=rngs)

@@ -53,13 +53,26 @@ def _params(state: Any, name: str) -> dict[tuple, Any]:
           if isinstance(v, nnx.Param) or not isinstance(v, nnx.Variable)}
 
 
+def _annotations(state: Any) -> dict[tuple, dict]:
+  """{path: sharding metadata} of the `nnx.Param`s of a module (or State), so
+  that converted parameters keep the target's logical axis names."""
+  if isinstance(state, nnx.Module):
+    state = nnx.state(state, nnx.Param)
+  keys = ('out_sharding', 'eager_sharding')
+  return {tuple(str(k) for k in path): {k: v.get_metadata()[k] for k in keys
+                                        if k in v.get_metadata()}
+          for path, v in nnx.to_flat_state(state) if isinstance(v, nnx.Param)}
+
+
 def _dotted(path: tuple) -> str:
   return '.'.join(path)
 
 
-def _convert(source: dict, target: dict, names: dict, src: str, dst: str) -> nnx.State:
+def _convert(source: dict, target: dict, names: dict, src: str, dst: str,
+             annotations: dict) -> nnx.State:
   """`source`'s projections renamed by `names` into `target`'s paths, checked
-  against `target` (biases on both sides or neither, equal shapes)."""
+  against `target` (biases on both sides or neither, equal shapes), with the
+  target's `annotations` (`nnx.update` replaces a variable's metadata)."""
   converted = {}
   for path, value in source.items():
     new = (names[path[0]],) + path[1:]
@@ -74,7 +87,7 @@ def _convert(source: dict, target: dict, names: dict, src: str, dst: str) -> nnx
       raise ValueError(f'{src}\'s {_dotted(path)} is {tuple(value.shape)} but the {dst}\'s '
                        f'{_dotted(new)} is {tuple(want.shape)}: build both with the same '
                        f'sizes ({_SIZES}).')
-    converted[new] = nnx.Param(jnp.asarray(value, want.dtype))
+    converted[new] = nnx.Param(jnp.asarray(value, want.dtype), **annotations.get(new, {}))
   for path in target:
     if path[0] in names.values() and path not in converted:
       if path[-1] == 'bias':
@@ -99,6 +112,7 @@ def from_flax(flax_state: nnx.State, target: Any) -> nnx.State:
     `bias` with use_bias=True), in the target's dtypes; other parameters of
     the target (an encoding's, `ssmax_scale`) are left out, so unchanged.
   """
+  annotations = _annotations(target)
   source, target = _params(flax_state, 'flax_state'), _params(target, 'target')
   for path in source:
     if path[0] in NORMALIZE_QK:
@@ -108,7 +122,7 @@ def from_flax(flax_state: nnx.State, target: Any) -> nnx.State:
     if path[0] not in FLAX_TO_OURS:
       raise ValueError(f'{_dotted(path)} is not a parameter of {FLAX}\'s projections (query, '
                        'key, value, out): pass nnx.state(flax_mha, nnx.Param).')
-  return _convert(source, target, FLAX_TO_OURS, 'Flax', OURS)
+  return _convert(source, target, FLAX_TO_OURS, 'Flax', OURS, annotations)
 
 
 def to_flax(our_state: nnx.State, target: Any) -> nnx.State:
@@ -124,6 +138,7 @@ def to_flax(our_state: nnx.State, target: Any) -> nnx.State:
     `nnx.State` of `nnx.Param` at `query`, `key`, `value`, `out` (`kernel`,
     and `bias` with use_bias=True), in the target's dtypes.
   """
+  annotations = _annotations(target)
   source, target = _params(our_state, 'our_state'), _params(target, 'target')
   for path in source:
     if path[0] == 'positional':
@@ -139,4 +154,4 @@ def to_flax(our_state: nnx.State, target: Any) -> nnx.State:
     if path[0] in NORMALIZE_QK:
       raise ValueError(f'the {FLAX} has {_dotted(path)} (normalize_qk=True), which {OURS} '
                        'has no counterpart of: build it with normalize_qk=False.')
-  return _convert(source, target, OURS_TO_FLAX, OURS, FLAX)
+  return _convert(source, target, OURS_TO_FLAX, OURS, FLAX, annotations)

@@ -16,6 +16,10 @@ from attention_jax.positional import PositionalEncoding
 from attention_jax.positional import make_encoding
 from attention_jax.positional.base import ScoreContext
 from attention_jax.positional.base import embedding_only
+from attention_jax.positional.parameters import EMBED
+from attention_jax.positional.parameters import KV
+from attention_jax.positional.parameters import annotation
+from attention_jax.positional.parameters import check_dtypes
 
 Positional = Union[str, PositionalEncoding, None]
 
@@ -30,10 +34,12 @@ def _refuse_embedding_encoding(cls: type, label: str, owner: str):
 
 
 def resolve_encoding(encoding: Positional, *, d_model, num_heads, max_positions, causal,
-                     rngs, owner, options: Optional[dict] = None) -> PositionalEncoding:
+                     rngs, owner, options: Optional[dict] = None, dtype=None,
+                     param_dtype=jnp.float32) -> PositionalEncoding:
   """The encoding an attention module `owner` uses: built from a name with the
-  module's `causal` (and `options`, the keywords of its `build`), or checked
-  to agree with it; never one that only adds to the embeddings."""
+  module's `causal`, `dtype` and `param_dtype` (and `options`, the keywords of
+  its `build`), or checked to agree with it; never one that only adds to the
+  embeddings. One given built keeps the dtypes it was built with."""
   if options and not isinstance(encoding, str):
     raise ValueError(f'encoding_options={options!r} are keywords for building an encoding '
                      f'from its name, but encoding={encoding!r} is not a name: give the '
@@ -46,7 +52,7 @@ def resolve_encoding(encoding: Positional, *, d_model, num_heads, max_positions,
       _refuse_embedding_encoding(cls, repr(encoding), owner)
     return make_encoding(encoding, d_model=d_model, num_heads=num_heads,
                          max_positions=max_positions, causal=causal, rngs=rngs,
-                         **(options or {}))
+                         dtype=dtype, param_dtype=param_dtype, **(options or {}))
   if not isinstance(encoding, PositionalEncoding):
     raise TypeError(
         'encoding must be a registry name, a PositionalEncoding or None, '
@@ -74,6 +80,9 @@ class SelfAttention(nnx.Module):
       bias); default True.
     max_positions: passed to an encoding built from a name.
     implementation: as in `MultiHeadAttention`; default 'auto'.
+    dtype, param_dtype: as in `MultiHeadAttention` (Flax's: computation
+      dtype, None inferred from the input and parameters; parameter storage,
+      default float32).
     rngs: `nnx.Rngs` for the parameters.
   """
 
@@ -83,14 +92,18 @@ class SelfAttention(nnx.Module):
                param_dtype=jnp.float32, implementation: str = 'auto',
                rngs: nnx.Rngs):
     check_options(implementation)
-    proj = dict(use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    dtype, param_dtype = check_dtypes('SelfAttention', dtype, param_dtype)
+    self.dtype, self.param_dtype = dtype, param_dtype
+    proj = dict(use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs,
+                kernel_metadata=annotation((EMBED, KV)))
     self.d_model, self.causal, self.implementation = d_model, bool(causal), implementation
     self.W_Q = nnx.Linear(d_model, d_k, **proj)
     self.W_K = nnx.Linear(d_model, d_k, **proj)
     self.W_V = nnx.Linear(d_model, d_v or d_k, **proj)
     self.positional = resolve_encoding(
         encoding, d_model=d_k, num_heads=1, max_positions=max_positions,
-        causal=self.causal, rngs=rngs, owner='SelfAttention')
+        causal=self.causal, rngs=rngs, owner='SelfAttention', dtype=dtype,
+        param_dtype=param_dtype)
 
   @property
   def encoding(self) -> PositionalEncoding:

@@ -18,6 +18,13 @@ import jax.numpy as jnp
 from flax import nnx
 
 from attention_jax.nn.additive import AdditiveAttention
+from attention_jax.nn.transformer import linear
+from attention_jax.positional.parameters import EMBED
+from attention_jax.positional.parameters import MLP
+from attention_jax.positional.parameters import VOCAB
+from attention_jax.positional.parameters import annotate
+from attention_jax.positional.parameters import annotation
+from attention_jax.positional.parameters import check_dtypes
 
 
 class Seq2Seq(nnx.Module):
@@ -30,18 +37,27 @@ class Seq2Seq(nnx.Module):
     start_token: the id the decoder starts from (the target's BOS).
     bidirectional: a forward and a backward GRU encoder, concatenated.
     score: 'additive' (Bahdanau) or 'dot' (Luong) attention score.
+    dtype: computation dtype of every layer (Flax's; None: inferred from the
+      inputs and parameters); attention's scores and softmax stay float32,
+      the logits are float32 whatever it is.
+    param_dtype: storage of every parameter; default float32.
     rngs: `nnx.Rngs` for the parameters.
   """
 
   def __init__(self, *, vocab_size: int, embed_dim: int, hidden_dim: int,
                attention: bool, start_token: int, bidirectional: bool = False,
-               score: str = 'additive', rngs: nnx.Rngs):
-    self.embed = nnx.Embed(vocab_size, embed_dim, rngs=rngs)
+               score: str = 'additive', dtype=None, param_dtype=jnp.float32,
+               rngs: nnx.Rngs):
+    dtype, param_dtype = check_dtypes('Seq2Seq', dtype, param_dtype)
+    precision = dict(dtype=dtype, param_dtype=param_dtype)
+    self.dtype, self.param_dtype = dtype, param_dtype
+    self.embed = nnx.Embed(vocab_size, embed_dim, rngs=rngs,
+                           embedding_metadata=annotation((VOCAB, EMBED)), **precision)
     # rngs=False: no dropout, so the RNNs hold no random state to mutate.
-    forward = nnx.RNN(nnx.GRUCell(embed_dim, hidden_dim, rngs=rngs), return_carry=True,
+    forward = nnx.RNN(_gru(embed_dim, hidden_dim, rngs, precision), return_carry=True,
                       rngs=False)
     if bidirectional:
-      backward = nnx.RNN(nnx.GRUCell(embed_dim, hidden_dim, rngs=rngs),
+      backward = nnx.RNN(_gru(embed_dim, hidden_dim, rngs, precision),
                          return_carry=True, reverse=True, keep_order=True, rngs=False)
       self.encoder = nnx.Bidirectional(forward, backward, return_carry=True, rngs=False)
     else:
@@ -49,12 +65,13 @@ class Seq2Seq(nnx.Module):
     self.bidirectional, self.hidden_dim = bidirectional, hidden_dim
     self.start_token = start_token
     encoder_dim = hidden_dim * (2 if bidirectional else 1)
-    self.bridge = nnx.Linear(encoder_dim, hidden_dim, rngs=rngs)
+    self.bridge = linear(encoder_dim, hidden_dim, (EMBED, MLP), rngs=rngs, **precision)
     context_dim = encoder_dim if attention else 0
-    self.decoder_cell = nnx.GRUCell(embed_dim + context_dim, hidden_dim, rngs=rngs)
+    self.decoder_cell = _gru(embed_dim + context_dim, hidden_dim, rngs, precision)
     self.attention = (AdditiveAttention(hidden_dim, encoder_dim, hidden_dim, score=score,
-                                        rngs=rngs) if attention else None)
-    self.readout = nnx.Linear(hidden_dim + context_dim, vocab_size, rngs=rngs)
+                                        rngs=rngs, **precision) if attention else None)
+    self.readout = linear(hidden_dim + context_dim, vocab_size, (EMBED, VOCAB), rngs=rngs,
+                          **precision)
 
   def encode(self, source: jax.Array, source_mask: jax.Array):
     """source `[B, N]`, mask `[B, N]` -> (states `[B, N, E]`, decoder s_0 `[B, H]`)."""
@@ -121,3 +138,20 @@ class Seq2Seq(nnx.Module):
 
     _, (tokens, weights) = run(self, (state, first), memory)
     return (tokens, weights) if return_weights else tokens
+
+
+def _gru(d_in: int, hidden: int, rngs, precision) -> nnx.GRUCell:
+  """`nnx.GRUCell` (which takes no metadata) with its parameters' axes named."""
+  cell = nnx.GRUCell(d_in, hidden, rngs=rngs, recurrent_kernel_init=_orthogonal_in_float32,
+                     **precision)
+  for dense in (cell.dense_i, cell.dense_h):
+    annotate(dense.kernel, (EMBED, MLP))
+    if dense.bias is not None:
+      annotate(dense.bias, (MLP,))
+  return cell
+
+
+def _orthogonal_in_float32(key, shape, dtype=jnp.float32):
+  """Flax's GRU recurrent init (orthogonal), drawn in float32 and cast: its QR
+  has no bfloat16 or float16 kernel on CPU. The same values for float32."""
+  return nnx.initializers.orthogonal()(key, shape, jnp.float32).astype(dtype)

@@ -20,6 +20,12 @@ comes out of any kernel, blockwise ones included, with no weights formed.
 import jax.numpy as jnp
 from flax import nnx
 
+from attention_jax.positional.parameters import HEADS
+from attention_jax.positional.parameters import KV
+from attention_jax.positional.parameters import NORM
+from attention_jax.positional.parameters import annotate
+from attention_jax.positional.parameters import param
+
 # torch.nn.GroupNorm's default, which SBAttention keeps.
 GROUP_NORM_EPSILON = 1e-5
 
@@ -36,13 +42,15 @@ class HeadBiasRemainder(nnx.Module):
   def __init__(self, num_heads: int, head_dim: int, *, dtype=None,
                param_dtype=jnp.float32, rngs: nnx.Rngs):
     self.num_heads, self.head_dim = num_heads, head_dim
-    self.head_bias = nnx.Param(jnp.zeros((num_heads, head_dim), param_dtype))
+    self.head_bias = param(jnp.zeros((num_heads, head_dim)), (HEADS, KV), param_dtype)
     # Groups = heads over the H·D channels laid out head-major, as the torch
     # view [B·T, hidden_size] of [B, T, H, D] is; the exact (two-pass)
     # variance, as torch computes it.
     self.norm = nnx.GroupNorm(num_heads * head_dim, num_groups=num_heads,
                               epsilon=GROUP_NORM_EPSILON, dtype=dtype,
                               param_dtype=param_dtype, use_fast_variance=False, rngs=rngs)
+    for variable in (self.norm.scale, self.norm.bias):  # GroupNorm takes no metadata
+      annotate(variable, (NORM,))
 
   @staticmethod
   def values(v: jnp.ndarray) -> jnp.ndarray:

@@ -30,6 +30,14 @@ attention weights and on both residual branches, Flax's way: `deterministic`
 at construction, per call, or for the whole model with `model.train()` /
 `model.eval()`.
 
+Precision, Flax's way: `param_dtype` stores every parameter (float32 by
+default), `dtype` is the computation dtype of every layer (None, the
+default: inferred from the inputs and parameters, as in Flax, so float32
+parameters compute in float32). LayerNorm statistics, softmax and the other
+float32 parts of attention (`MultiHeadAttention`) stay float32; the logits
+are float32 whatever `dtype`. Every parameter names its axes for sharding
+(`nn.sharding`).
+
 Abacus embeddings (`abacus=`, McLeish et al. 2024) add a learned row per
 digit's index in its number to the token embeddings, beside any encoding;
 their parameters at `abacus.table`.
@@ -56,10 +64,20 @@ from attention_jax.nn.attention import resolve_deterministic
 from attention_jax.nn.cache import guard_slots
 from attention_jax.nn.cache import is_static
 from attention_jax.nn.cache import poison
+from attention_jax.nn.sharding import BATCH_LENGTH_EMBED
+from attention_jax.nn.sharding import BATCH_LENGTH_MLP
+from attention_jax.nn.sharding import BATCH_LENGTH_VOCAB
+from attention_jax.nn.sharding import constrain
 from attention_jax.positional import PositionalEncoding
 from attention_jax.positional import make_encoding
 from attention_jax.positional.abacus import Abacus
 from attention_jax.positional.learned import positions_proven
+from attention_jax.positional.parameters import EMBED
+from attention_jax.positional.parameters import MLP
+from attention_jax.positional.parameters import NORM
+from attention_jax.positional.parameters import VOCAB
+from attention_jax.positional.parameters import annotation
+from attention_jax.positional.parameters import check_dtypes
 
 
 class Block(nnx.Module):
@@ -69,15 +87,16 @@ class Block(nnx.Module):
   def __init__(self, d_model: int, num_heads: int, mlp_dim: int,
                positional: Optional[PositionalEncoding], *, rngs: nnx.Rngs,
                dropout_rate: float = 0.0, deterministic: Optional[bool] = None,
-               **attention_options):
-    self.attention_norm = nnx.LayerNorm(d_model, rngs=rngs)
+               dtype=None, param_dtype=jnp.float32, **attention_options):
+    precision = dict(dtype=dtype, param_dtype=param_dtype)
+    self.attention_norm = layer_norm(d_model, rngs=rngs, **precision)
     self.attention = MultiHeadAttention(d_model, num_heads, causal=True, encoding=positional,
                                         dropout_rate=dropout_rate,
                                         deterministic=deterministic,
-                                        rngs=rngs, **attention_options)
-    self.mlp_norm = nnx.LayerNorm(d_model, rngs=rngs)
-    self.mlp_in = nnx.Linear(d_model, mlp_dim, rngs=rngs)
-    self.mlp_out = nnx.Linear(mlp_dim, d_model, rngs=rngs)
+                                        rngs=rngs, **precision, **attention_options)
+    self.mlp_norm = layer_norm(d_model, rngs=rngs, **precision)
+    self.mlp_in = linear(d_model, mlp_dim, (EMBED, MLP), rngs=rngs, **precision)
+    self.mlp_out = linear(mlp_dim, d_model, (MLP, EMBED), rngs=rngs, **precision)
     self.dropout_rate, self.deterministic = float(dropout_rate), deterministic
     # Forked only when dropping: rate 0 leaves the parameters' RNG untouched.
     self.rngs = rngs.dropout.fork() if dropout_rate > 0 else nnx.data(None)
@@ -108,7 +127,24 @@ class Block(nnx.Module):
     return self._mlp(x + h), cache
 
   def _mlp(self, x, drop=lambda h: h):
-    return x + drop(self.mlp_out(jax.nn.gelu(self.mlp_in(self.mlp_norm(x)))))
+    hidden = constrain(self.mlp_in(self.mlp_norm(x)), BATCH_LENGTH_MLP)
+    return x + drop(self.mlp_out(jax.nn.gelu(hidden)))
+
+
+def layer_norm(width: int, *, rngs, dtype, param_dtype, **options) -> nnx.LayerNorm:
+  """`nnx.LayerNorm` with its scale and bias named 'norm' (statistics in
+  float32 whatever `dtype`: Flax's default)."""
+  return nnx.LayerNorm(width, dtype=dtype, param_dtype=param_dtype, rngs=rngs,
+                       scale_metadata=annotation((NORM,)), bias_metadata=annotation((NORM,)),
+                       **options)
+
+
+def linear(d_in: int, d_out: int, axes: tuple, *, rngs, dtype, param_dtype,
+           **options) -> nnx.Linear:
+  """`nnx.Linear` whose kernel's axes are `axes` and bias's `axes[1:]`."""
+  return nnx.Linear(d_in, d_out, dtype=dtype, param_dtype=param_dtype, rngs=rngs,
+                    kernel_metadata=annotation(axes), bias_metadata=annotation(axes[1:]),
+                    **options)
 
 
 class TransformerLM(nnx.Module):
@@ -143,6 +179,12 @@ class TransformerLM(nnx.Module):
       (`digit_tokens`, `rows`, `max_k`, `check_ids`): Abacus embeddings
       added to the token embeddings; the offset k is `__call__`'s
       `abacus_offset` (training), 0 when decoding.
+    logit_soft_cap, sinks: every layer's (see `MultiHeadAttention`): Gemma
+      2's logit soft-capping and gpt-oss's learned sink logits, one per head
+      and layer (`blocks[i].attention.sink_logits`).
+    dtype: computation dtype of every layer and the encoding (Flax's; None:
+      inferred from inputs and parameters). Logits are float32 whatever it is.
+    param_dtype: storage of every parameter; default float32.
     rngs: `nnx.Rngs` for the parameters (and dropout's forks).
   """
 
@@ -156,13 +198,18 @@ class TransformerLM(nnx.Module):
                encoding_per_layer: Optional[bool] = None, dropout_rate: float = 0.0,
                deterministic: Optional[bool] = None,
                encoding_layers: Optional[Sequence[int]] = None,
-               abacus: Optional[dict] = None, rngs: nnx.Rngs):
-    self.vocab_size = vocab_size
+               abacus: Optional[dict] = None, logit_soft_cap: Optional[float] = None,
+               sinks: bool = False, dtype=None, param_dtype=jnp.float32,
+               rngs: nnx.Rngs):
+    dtype, param_dtype = check_dtypes('TransformerLM', dtype, param_dtype)
+    precision = dict(dtype=dtype, param_dtype=param_dtype)
+    self.vocab_size, self.dtype, self.param_dtype = vocab_size, dtype, param_dtype
     self.embed = nnx.Embed(vocab_size, d_model,
-                           embedding_init=nnx.initializers.normal(1.0), rngs=rngs)
+                           embedding_init=nnx.initializers.normal(1.0), rngs=rngs,
+                           embedding_metadata=annotation((VOCAB, EMBED)), **precision)
     build = lambda: make_encoding(encoding, d_model=d_model, num_heads=num_heads,
                                   max_positions=max_positions, causal=True, rngs=rngs,
-                                  **(encoding_options or {}))
+                                  **precision, **(encoding_options or {}))
     self.positional = build()
     # Absolute encodings act once, on the embeddings; blocks get the rest.
     in_attention = self.positional if self.positional.acts_in_attention else None
@@ -181,11 +228,13 @@ class TransformerLM(nnx.Module):
               num_kv_heads=num_kv_heads, sliding_window=sliding_window,
               implementation=implementation, scalable_softmax=scalable_softmax,
               normalization=normalization, dropout_rate=dropout_rate,
-              deterministic=deterministic)
+              deterministic=deterministic, logit_soft_cap=logit_soft_cap, sinks=sinks,
+              **precision)
         for layer_encoding in layer_encodings])
-    self.final_norm = nnx.LayerNorm(d_model, rngs=rngs)
-    self.unembed = nnx.Linear(d_model, vocab_size, rngs=rngs)
-    self.abacus = Abacus(d_model=d_model, rngs=rngs, **abacus) if abacus else None
+    self.final_norm = layer_norm(d_model, rngs=rngs, **precision)
+    self.unembed = linear(d_model, vocab_size, (EMBED, VOCAB), rngs=rngs, **precision)
+    self.abacus = (Abacus(d_model=d_model, rngs=rngs, **precision, **abacus) if abacus
+                   else None)
 
   @property
   def encoding(self) -> PositionalEncoding:
@@ -214,8 +263,8 @@ class TransformerLM(nnx.Module):
     embeddings with NaN, so every logit of that row is NaN (a masked NaN key
     still reaches earlier queries, 0 · NaN = NaN); other rows are unaffected.
 
-    Returns logits float32 `[B, T, vocab_size]`, and with `return_weights`
-    also the list of per-layer attention weights `[B, H, T, T]`.
+    Returns logits float32 `[B, T, vocab_size]` (whatever `dtype`), and with
+    `return_weights` also the list of per-layer attention weights `[B, H, T, T]`.
     """
     self._check_tokens(tokens)
     t = tokens.shape[1]
@@ -229,12 +278,14 @@ class TransformerLM(nnx.Module):
     elif abacus_offset is not None:
       raise ValueError('abacus_offset was given but the model has no Abacus embeddings '
                        '(TransformerLM(abacus=...)).')
+    x = constrain(x, BATCH_LENGTH_EMBED)
     all_weights = []
     for block in self.blocks:
       x, weights = block(x, positions=positions, return_weights=return_weights,
                          deterministic=deterministic, rngs=rngs, segment_ids=segments)
       all_weights.append(weights)
-    logits = self.unembed(self.final_norm(x)).astype(jnp.float32)
+    logits = constrain(self.unembed(self.final_norm(x)).astype(jnp.float32),
+                       BATCH_LENGTH_VOCAB)
     return (logits, all_weights) if return_weights else logits
 
   def _segments(self, tokens, segment_ids, padding_mask):

@@ -49,6 +49,8 @@ from attention_jax.positional.learned_window import LearnedWindow
 from attention_jax.positional.learned_window import learned_window_bias
 from attention_jax.positional.p_rope import PRoPE
 from attention_jax.positional.p_rope import p_rope_frequencies
+from attention_jax.positional.path import PaTH
+from attention_jax.positional.path import PaTHFoX
 from attention_jax.positional.registry import ENCODINGS
 from attention_jax.positional.registry import make_encoding
 from attention_jax.positional.registry import parse_encoding_spec

@@ -26,6 +26,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from attention_jax.positional.parameters import EMBED
+from attention_jax.positional.parameters import check_dtypes
+from attention_jax.positional.parameters import param
+
 
 def abacus_ids(tokens: jax.Array, digit_tokens: Sequence[int],
                previous_run: Optional[jax.Array] = None) -> jax.Array:
@@ -80,11 +84,14 @@ class Abacus(nnx.Module):
     d_model: embedding width.
     max_k: the largest training offset (`sample_offset`); 0 = none.
     check_ids: the run-time range check of traced ids (module docstring).
+    dtype: the dtype of the sum (None: the embeddings' own).
+    param_dtype: the table's dtype; default float32.
     rngs: `nnx.Rngs`; the table is N(0, 1), as `torch.nn.Embedding`'s.
   """
 
   def __init__(self, digit_tokens: Sequence[int], rows: int, d_model: int, *,
-               max_k: int = 0, check_ids: bool = True, rngs: nnx.Rngs):
+               max_k: int = 0, check_ids: bool = True, dtype=None,
+               param_dtype=jnp.float32, rngs: nnx.Rngs):
     digits = tuple(int(t) for t in digit_tokens)
     if len(digits) != 10 or len(set(digits)) != 10:
       raise ValueError(f'abacus_digits must be the 10 distinct token ids of the digits 0 … 9, '
@@ -97,7 +104,9 @@ class Abacus(nnx.Module):
                        f'(abacus_embeddings={rows} rows).')
     self.digit_tokens, self.rows, self.max_k = digits, int(rows), int(max_k)
     self.check_ids = bool(check_ids)
-    self.table = nnx.Param(nnx.initializers.normal(1.0)(rngs.params(), (rows, d_model)))
+    self.dtype, param_dtype = check_dtypes('Abacus', dtype, param_dtype)
+    self.table = param(nnx.initializers.normal(1.0)(rngs.params(), (rows, d_model)),
+                       (None, EMBED), param_dtype)
 
   def ids(self, tokens, offset=None, previous_run=None, *, check: bool = True) -> jax.Array:
     """The table rows `[B, T]` the tokens look up, checked against the table
@@ -119,4 +128,6 @@ class Abacus(nnx.Module):
 
   def __call__(self, x, ids):
     """x `[B, T, D]` + table rows at ids `[B, T]` (from `ids`)."""
-    return x + jnp.take(self.table[...], ids, axis=0).astype(x.dtype)
+    rows = jnp.take(self.table[...], ids, axis=0)
+    dtype = self.dtype or x.dtype  # None: the activations' own (positional.base)
+    return x.astype(dtype) + rows.astype(dtype)

@@ -27,6 +27,16 @@ Encodings whose bias depends on positions only also have a method
 and plots; attention never calls it (a subclass that defines it, or the old
 `score_bias`, without `score_contribution` is refused when it is defined).
 
+Precision, as Flax's layers: an encoding's parameters are stored in the
+`param_dtype` of `make_encoding` (float32 by default; `positional.parameters`
+makes them, with their logical axis names for sharding). What it adds to the
+activations (learned and Abacus rows) is in its `dtype` (None: the
+activations' own); RoPE-like rotations return q and k in their dtype, with
+float32 angles. What it adds to the scores is float32 whatever either dtype:
+the scores and the softmax they feed are float32, so its parameters are
+promoted to float32 there (FoX's gates, CoPE's counts, FIRE's and DAPE's
+MLPs, KERPLE's, T5's, MTA's).
+
 Positions are integer arrays `[T]` (shared by the batch) or `[B, T]`. Modules
 default them to `np.arange(T)`: a static array, so length checks happen at
 trace time even under `jax.jit`, and linear biases can be recognised.

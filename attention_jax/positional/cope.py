@@ -83,6 +83,8 @@ from attention_jax.attention.heads import repeat_kv_heads
 from attention_jax.attention.scores import DenseBias
 from attention_jax.positional.base import PositionalEncoding
 from attention_jax.positional.base import ScoreContext
+from attention_jax.positional.parameters import KV
+from attention_jax.positional.parameters import param
 
 # How kernels name this bias when they refuse it (the chunked kernel's
 # error); "not linear in i - j" as every dense bias of the package says.
@@ -167,7 +169,7 @@ class CoPE(PositionalEncoding):
     self.npos = npos  # static: the clamp and the table's size
     self.nodiv = nodiv  # static: True adds pos to q·k/√D undivided (--cope-nodiv)
     # Zeros, as in the official code: the model starts without position signal.
-    self.pos_emb = nnx.Param(jnp.zeros((head_dim, npos), jnp.float32))
+    self.pos_emb = param(jnp.zeros((head_dim, npos)), (KV, None))
 
   @classmethod
   def build(cls, *, d_model, num_heads, max_positions, causal, rngs,

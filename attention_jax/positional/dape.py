@@ -93,6 +93,8 @@ from attention_jax.positional.base import torch_linear_init
 from attention_jax.positional.base import ScoreContext
 from attention_jax.positional.base import heads_rank4
 from attention_jax.positional.kerple import kerple_log_bias
+from attention_jax.positional.parameters import HEADS
+from attention_jax.positional.parameters import param
 
 ORIGIN = 'the data-adaptive bias of dape (O(T²) by nature: an MLP on every q·k)'
 BASES = ('kerple', 'alibi')
@@ -184,13 +186,16 @@ class DAPE(PositionalEncoding):
       self.slopes = tuple(float(s) for s in alibi_slopes(num_heads))
     else:
       # The code's init: p = 2·U(0, 1), a = U(0, 1) per head.
-      self.kerple_p = nnx.Param(2.0 * jax.random.uniform(rngs.params(), (num_heads,)))
-      self.kerple_a = nnx.Param(jax.random.uniform(rngs.params(), (num_heads,)))
+      self.kerple_p = param(2.0 * jax.random.uniform(rngs.params(), (num_heads,)), (HEADS,))
+      self.kerple_a = param(jax.random.uniform(rngs.params(), (num_heads,)), (HEADS,))
     fan_in = 2 * num_heads
-    self.w1 = nnx.Param(torch_linear_init(rngs.params(), fan_in, (fan_in, mlp_width)))
-    self.b1 = nnx.Param(torch_linear_init(rngs.params(), fan_in, (mlp_width,)))
-    self.w2 = nnx.Param(torch_linear_init(rngs.params(), mlp_width, (mlp_width, num_heads)))
-    self.b2 = nnx.Param(torch_linear_init(rngs.params(), mlp_width, (num_heads,)))
+    # The MLP's few hidden units are replicated: only its heads' outputs split.
+    init = lambda fan_in, shape, axes: param(torch_linear_init(rngs.params(), fan_in, shape),
+                                             axes)
+    self.w1 = init(fan_in, (fan_in, mlp_width), (None, None))
+    self.b1 = init(fan_in, (mlp_width,), (None,))
+    self.w2 = init(mlp_width, (mlp_width, num_heads), (None, HEADS))
+    self.b2 = init(mlp_width, (num_heads,), (HEADS,))
 
   @classmethod
   def build(cls, *, d_model, num_heads, max_positions, causal, rngs, base: str = 'kerple',
@@ -204,8 +209,9 @@ class DAPE(PositionalEncoding):
 
   def kerple_parameters(self) -> tuple[jnp.ndarray, jnp.ndarray]:
     """KERPLE's (p, a) as the forward uses them, float32 `[H]` each, >= 1e-2."""
-    return (_floor_straight_through(self.kerple_p[...], KERPLE_FLOOR),
-            _floor_straight_through(self.kerple_a[...], KERPLE_FLOOR))
+    f32 = lambda a: a[...].astype(jnp.float32)
+    return (_floor_straight_through(f32(self.kerple_p), KERPLE_FLOOR),
+            _floor_straight_through(f32(self.kerple_a), KERPLE_FLOOR))
 
   def base_bias(self, q_positions, k_positions) -> jnp.ndarray:
     """B from integer positions `[T]` or `[B, T]` -> float32 `[1|B, H, T_q, T_k]`."""

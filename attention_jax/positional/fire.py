@@ -76,6 +76,8 @@ from attention_jax.positional.base import dense_spec
 from attention_jax.positional.base import heads_rank4
 from attention_jax.positional.base import not_linear
 from attention_jax.positional.base import real_option
+from attention_jax.positional.parameters import HEADS
+from attention_jax.positional.parameters import param
 
 
 def fire_psi(c: jnp.ndarray, x: jnp.ndarray) -> jnp.ndarray:
@@ -124,12 +126,15 @@ class FIRE(PositionalEncoding):
     self.num_heads = num_heads
     self.eps = float(eps)  # static: a constant of the graph
     self.init_threshold = float(init_threshold)  # L₀, not trained (the code's frozen init_L)
-    self.w1 = nnx.Param(torch_linear_init(rngs.params(), 1, (1, mlp_width)))
-    self.b1 = nnx.Param(torch_linear_init(rngs.params(), 1, (mlp_width,)))
-    self.w2 = nnx.Param(torch_linear_init(rngs.params(), mlp_width, (mlp_width, num_heads)))
-    self.b2 = nnx.Param(torch_linear_init(rngs.params(), mlp_width, (num_heads,)))
-    self.c = nnx.Param(jnp.asarray(init_c, jnp.float32))
-    self.threshold_scale = nnx.Param(jnp.asarray(1.0, jnp.float32))  # the code's L_multiplier
+    # The MLP's few hidden units are replicated: only its heads' outputs split.
+    init = lambda fan_in, shape, axes: param(torch_linear_init(rngs.params(), fan_in, shape),
+                                             axes)
+    self.w1 = init(1, (1, mlp_width), (None, None))
+    self.b1 = init(1, (mlp_width,), (None,))
+    self.w2 = init(mlp_width, (mlp_width, num_heads), (None, HEADS))
+    self.b2 = init(mlp_width, (num_heads,), (HEADS,))
+    self.c = param(init_c, ())
+    self.threshold_scale = param(1.0, ())  # the code's L_multiplier
 
   @classmethod
   def build(cls, *, d_model, num_heads, max_positions, causal, rngs, mlp_width: int = 32,
@@ -154,7 +159,7 @@ class FIRE(PositionalEncoding):
 
   def threshold(self) -> jnp.ndarray:
     """The current threshold L = |s · L₀|, a float32 scalar."""
-    return jnp.abs(self.threshold_scale[...] * self.init_threshold)
+    return jnp.abs(self.threshold_scale[...].astype(jnp.float32) * self.init_threshold)
 
   def attention_bias(self, q_positions, k_positions):
     """-> float32 `[1|B, H, T_q, T_k]`."""

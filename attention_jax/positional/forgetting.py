@@ -83,6 +83,9 @@ from attention_jax.attention.scores import is_arange
 from attention_jax.positional.base import PositionalEncoding
 from attention_jax.positional.base import ScoreContext
 from attention_jax.positional.base import real_option
+from attention_jax.positional.parameters import EMBED
+from attention_jax.positional.parameters import HEADS
+from attention_jax.positional.parameters import param
 
 
 def log_forget_gates(x: jnp.ndarray, kernel: jnp.ndarray, bias: jnp.ndarray) -> jnp.ndarray:
@@ -147,10 +150,10 @@ class FoX(PositionalEncoding):
                weight_std: float = 0.02, bias=0.0):
     self.d_model, self.num_heads = d_model, num_heads
     self.causal = True  # MultiHeadAttention refuses a causal=False module with it
-    self.gate_kernel = nnx.Param(weight_std * jax.random.normal(
-        rngs.params(), (d_model, num_heads), jnp.float32))
-    self.gate_bias = nnx.Param(jnp.broadcast_to(jnp.asarray(bias, jnp.float32),
-                                                (num_heads,)))
+    self.gate_kernel = param(weight_std * jax.random.normal(
+        rngs.params(), (d_model, num_heads), jnp.float32), (EMBED, HEADS))
+    self.gate_bias = param(jnp.broadcast_to(jnp.asarray(bias, jnp.float32), (num_heads,)),
+                           (HEADS,))
 
   @classmethod
   def build(cls, *, d_model, num_heads, max_positions, causal, rngs,

@@ -17,6 +17,8 @@ from attention_jax.positional.base import PositionalEncoding
 from attention_jax.positional.base import dense_spec
 from attention_jax.positional.base import heads_rank4
 from attention_jax.positional.base import not_linear
+from attention_jax.positional.parameters import HEADS
+from attention_jax.positional.parameters import param
 
 _SOFTPLUS_INVERSE_OF_ONE = float(np.log(np.expm1(1.0)))
 
@@ -36,8 +38,8 @@ class KERPLE(PositionalEncoding):
 
   def __init__(self, num_heads: int):
     # Two arrays, not one shared: a donated train state must not alias buffers.
-    self.raw_r1 = nnx.Param(jnp.full((num_heads,), _SOFTPLUS_INVERSE_OF_ONE, jnp.float32))
-    self.raw_r2 = nnx.Param(jnp.full((num_heads,), _SOFTPLUS_INVERSE_OF_ONE, jnp.float32))
+    self.raw_r1 = param(jnp.full((num_heads,), _SOFTPLUS_INVERSE_OF_ONE), (HEADS,))
+    self.raw_r2 = param(jnp.full((num_heads,), _SOFTPLUS_INVERSE_OF_ONE), (HEADS,))
 
   @classmethod
   def build(cls, *, d_model, num_heads, max_positions, causal, rngs):
@@ -46,8 +48,9 @@ class KERPLE(PositionalEncoding):
 
   def attention_bias(self, q_positions, k_positions):
     """-> float32 `[1|B, H, T_q, T_k]`."""
-    return heads_rank4(kerple_log_bias(jax.nn.softplus(self.raw_r1[...]),
-                                       jax.nn.softplus(self.raw_r2[...]),
+    f32 = lambda a: a[...].astype(jnp.float32)
+    return heads_rank4(kerple_log_bias(jax.nn.softplus(f32(self.raw_r1)),
+                                       jax.nn.softplus(f32(self.raw_r2)),
                                        q_positions, k_positions))
 
   def score_contribution(self, context):

@@ -27,6 +27,9 @@ from flax import nnx
 from attention_jax.positional.base import PositionalEncoding
 from attention_jax.positional.base import flag_option
 from attention_jax.positional.base import real_option
+from attention_jax.positional.parameters import EMBED
+from attention_jax.positional.parameters import param
+from attention_jax.positional.parameters import scope_dtype
 
 
 def _out_of_range_message(lo: int, hi: int, max_positions: int) -> str:
@@ -89,8 +92,9 @@ class Learned(PositionalEncoding):
           f'e.g. TransformerLM(max_positions=...)), got {max_positions}.')
     self.max_positions = max_positions
     self.check_positions = bool(check_positions)  # static: see the module docstring
-    self.table = nnx.Param(
-        nnx.initializers.normal(stddev)(rngs.params(), (max_positions, d_model)))
+    self.dtype = scope_dtype()  # make_encoding's; None: the activations' own
+    self.table = param(nnx.initializers.normal(stddev)(rngs.params(), (max_positions, d_model)),
+                       (None, EMBED))
 
   @classmethod
   def build(cls, *, d_model, num_heads, max_positions, causal, rngs, stddev=0.02,
@@ -108,5 +112,6 @@ class Learned(PositionalEncoding):
     _raise_if_out_of_range(lo, hi, self.max_positions)
 
   def add_to_embeddings(self, x, positions):
-    return x + learned_lookup(self.table[...], positions,
-                              self.check_positions).astype(x.dtype)
+    rows = learned_lookup(self.table[...], positions, self.check_positions)
+    dtype = self.dtype or x.dtype
+    return x.astype(dtype) + rows.astype(dtype)

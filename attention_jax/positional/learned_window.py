@@ -38,6 +38,7 @@ from attention_jax.positional.base import dense_spec
 from attention_jax.positional.base import not_linear
 from attention_jax.positional.hard_alibi import check_windows
 from attention_jax.attention.scores import relative_distance
+from attention_jax.positional.parameters import param
 
 
 def _inverse_softplus(x: np.ndarray) -> np.ndarray:
@@ -70,9 +71,10 @@ class LearnedWindow(PositionalEncoding):
     m = len(init_widths)
     self.num_heads = num_heads
     self.causal = causal
-    self.raw_width = nnx.Param(jnp.asarray(_inverse_softplus(init_widths)).reshape(m))
+    # One entry per windowed head (M of them): replicated, M need not divide a mesh axis.
+    self.raw_width = param(jnp.asarray(_inverse_softplus(init_widths)).reshape(m), (None,))
     raw_tau = jnp.full((m,), _inverse_softplus(temperature), jnp.float32)
-    self.raw_temperature = nnx.Param(raw_tau) if learn_temperature else raw_tau
+    self.raw_temperature = param(raw_tau, (None,)) if learn_temperature else raw_tau
 
   @classmethod
   def build(cls, *, d_model, num_heads, max_positions, causal, rngs,
@@ -91,11 +93,11 @@ class LearnedWindow(PositionalEncoding):
 
   def widths(self) -> jnp.ndarray:
     """Current widths w_h `[M]`."""
-    return jax.nn.softplus(self.raw_width[...])
+    return jax.nn.softplus(self.raw_width[...].astype(jnp.float32))
 
   def temperatures(self) -> jnp.ndarray:
     """Current sharpness τ_h `[M]`."""
-    return jax.nn.softplus(self.raw_temperature[...])
+    return jax.nn.softplus(jnp.asarray(self.raw_temperature[...], jnp.float32))
 
   def attention_bias(self, q_positions, k_positions):
     """-> float32 `[1|B, H, T_q, T_k]` (the package's rank-4 convention)."""

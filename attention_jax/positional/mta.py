@@ -50,6 +50,8 @@ from attention_jax.attention.segments import segment_mask
 from attention_jax.positional.base import PositionalEncoding
 from attention_jax.positional.base import ScoreContext
 from attention_jax.positional.dape import dape_scores
+from attention_jax.positional.parameters import HEADS
+from attention_jax.positional.parameters import param
 
 PAD_KEY = ('both', 'left', 'right')
 ORIGIN = "the key-query convolution of mta"
@@ -145,8 +147,8 @@ class MultiTokenAttention(PositionalEncoding):
                pad_key: str):
     self.num_heads = num_heads
     self.pad_key = pad_key  # static
-    self.kernel = nnx.Param(jnp.asarray(identity_kernel(
-        num_heads, query_kernel_size, key_kernel_size, pad_key)))
+    self.kernel = param(identity_kernel(num_heads, query_kernel_size, key_kernel_size,
+                                        pad_key), (HEADS, None, None))
 
   @classmethod
   def build(cls, *, d_model, num_heads, max_positions, causal, rngs,
@@ -190,7 +192,7 @@ class MultiTokenAttention(PositionalEncoding):
                          f'{context.k.shape[1]} keys.')
       segments = (context.q_segment_ids, context.k_segment_ids)
     convolved = key_query_convolution(
-        self.kernel[...], context.q_history, context.k, context.q_slots,
+        self.kernel[...].astype(jnp.float32), context.q_history, context.k, context.q_slots,
         pad_key=self.pad_key, kv_lengths=context.kv_lengths, window=context.window,
         mask=context.mask, segment_ids=segments)
     return DenseBias(convolved - dape_scores(context.q, context.k), origin=ORIGIN)

@@ -3,11 +3,15 @@
 Adding an encoding: write its module (a `PositionalEncoding` subclass with a
 `build` classmethod taking the common arguments of `make_encoding` plus its
 own keyword options) and add one entry to `ENCODINGS`, or, from outside the
-package, call `register_encoding(name, cls)`.
+package, call `register_encoding(name, cls)`. `make_encoding`'s `dtype` and
+`param_dtype` reach the build through `positional.parameters.precision`
+(its `param` and `scope_dtype`), not as keywords: a `build`'s signature
+lists the encoding's own options.
 """
 
 from typing import Optional
 
+import jax.numpy as jnp
 from flax import nnx
 
 from attention_jax.positional.alibi import ALiBi
@@ -22,7 +26,11 @@ from attention_jax.positional.kerple import KERPLE
 from attention_jax.positional.learned import Learned
 from attention_jax.positional.learned_window import LearnedWindow
 from attention_jax.positional.mta import MultiTokenAttention
+from attention_jax.positional.parameters import check_dtypes
+from attention_jax.positional.parameters import precision
 from attention_jax.positional.p_rope import PRoPE
+from attention_jax.positional.path import PaTH
+from attention_jax.positional.path import PaTHFoX
 from attention_jax.positional.rope import RoPE
 from attention_jax.positional.sinusoidal import Sinusoidal
 from attention_jax.positional.t5 import T5RelativeBias
@@ -49,6 +57,8 @@ ENCODINGS = {
     'dape': DAPE,  # Zheng et al. 2024: KERPLE/ALiBi bias + an MLP of (q·k/√D, bias) over heads, O(T²)
     'relative': TransformerXL,  # Dai et al. 2019 as Delétang/Ruoss et al. 2023: u, v, sin/cos keys
     'mta': MultiTokenAttention,  # Golovneva et al. 2025: NoPE scores convolved over queries × keys, O(T²)
+    'path': PaTH,  # Yang et al. 2025: q·k through Householder transforms read from each token
+    'path_fox': PaTHFoX,  # PaTH with FoX's forget gate (FLA's use_forget_gate=True)
 }
 
 
@@ -93,6 +103,8 @@ def make_encoding(
     max_positions: Optional[int] = None,
     causal: bool = True,
     rngs: Optional[nnx.Rngs] = None,
+    dtype=None,
+    param_dtype=jnp.float32,
     **options,
 ) -> PositionalEncoding:
   """Builds the encoding called `name`.
@@ -104,6 +116,10 @@ def make_encoding(
     max_positions: number of positions a table must hold ('learned').
     causal: whether attention is causal (ALiBi's bias differs).
     rngs: for encodings with parameters.
+    dtype: the dtype of what the encoding adds to the activations (learned
+      and Abacus rows); None: the activations' own. What it adds to the
+      scores is float32 whatever `dtype` (`PositionalEncoding`).
+    param_dtype: the dtype its parameters are stored in (default float32).
     **options: encoding-specific keywords, e.g. `base=` for 'rope'.
   """
   if name not in ENCODINGS:
@@ -121,13 +137,26 @@ def make_encoding(
   if d_model % num_heads:
     raise ValueError(
         f'num_heads={num_heads} does not divide d_model={d_model}.')
+  dtype, param_dtype = check_dtypes(f'positional encoding {name!r}', dtype, param_dtype)
   try:
-    return ENCODINGS[name].build(
-        d_model=d_model, num_heads=num_heads, max_positions=max_positions,
-        causal=causal, rngs=rngs, **options)
+    with precision(dtype, param_dtype):
+      encoding = ENCODINGS[name].build(
+          d_model=d_model, num_heads=num_heads, max_positions=max_positions,
+          causal=causal, rngs=rngs, **options)
   except TypeError as e:
     if 'unexpected keyword' not in str(e):
       raise
     raise ValueError(
         f'positional encoding {name!r} got an unknown option among '
         f'{sorted(options)}: {e}') from None
+  _store_in(encoding, param_dtype)
+  return encoding
+
+
+def _store_in(encoding: PositionalEncoding, param_dtype) -> None:
+  """Casts to `param_dtype` any parameter a build made without `param`
+  (an encoding registered from outside), so none stays float32 unasked."""
+  for _, node in nnx.iter_graph(encoding):
+    if isinstance(node, nnx.Param) and node[...].dtype != param_dtype:
+      node.set_value(node[...].astype(param_dtype))
+

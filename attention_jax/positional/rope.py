@@ -33,7 +33,7 @@ L with a factor s (typically L_eval / L): positions stay integers and the
          multiplied by mscale and the logits by mscale².
   'yarn_paper' the ramp as the paper writes it, γ(r) linear in r = L / wavelength_i
          (r ≤ β_slow: θ/s, r ≥ β_fast: θ, linear in r between; same
-         temperature). The project's 'yarn' before issue 13. Since r is
+         temperature). Since r is
          exponential in i, a ramp linear in r is not linear in i, and the
          official rounding widens the ramp by up to one index each side.
          Measured, max over i of |θ_paper,i - θ_official,i| / θ_official,i:

@@ -20,6 +20,8 @@ from attention_jax.positional.base import dense_spec
 from attention_jax.positional.base import heads_rank4
 from attention_jax.positional.base import integer_option
 from attention_jax.positional.base import not_linear
+from attention_jax.positional.parameters import HEADS
+from attention_jax.positional.parameters import param
 
 
 def relative_position_bucket(q_positions, k_positions, *, causal: bool = True,
@@ -55,8 +57,8 @@ class T5RelativeBias(PositionalEncoding):
       raise ValueError(f'max_distance={max_distance} must exceed the exact range '
                        f'({num_buckets // (2 if causal else 4)} for num_buckets={num_buckets}).')
     self.causal, self.num_buckets, self.max_distance = causal, num_buckets, max_distance
-    self.table = nnx.Param(
-        nnx.initializers.normal(stddev)(rngs.params(), (num_buckets, num_heads)))
+    self.table = param(nnx.initializers.normal(stddev)(rngs.params(), (num_buckets, num_heads)),
+                       (None, HEADS))
 
   @classmethod
   def build(cls, *, d_model, num_heads, max_positions, causal, rngs, num_buckets=32,

@@ -41,6 +41,12 @@ from attention_jax.attention.scores import is_arange
 from attention_jax.positional.base import PositionalEncoding
 from attention_jax.positional.base import ScoreContext
 from attention_jax.positional.base import haiku_truncated_normal
+from attention_jax.positional.parameters import EMBED
+from attention_jax.positional.parameters import HEADS
+from attention_jax.positional.parameters import KV
+from attention_jax.positional.parameters import annotation
+from attention_jax.positional.parameters import param
+from attention_jax.positional.parameters import scope_param_dtype
 from attention_jax.positional.sinusoidal import sinusoidal_at
 
 ORIGIN = "the relative attention of Transformer-XL ('relative')"
@@ -59,11 +65,13 @@ class TransformerXL(PositionalEncoding):
     self.d_model, self.num_heads, self.causal, self.base = d_model, num_heads, causal, base
     head_dim = d_model // num_heads
     normal = nnx.initializers.normal(0.02)
-    self.u = nnx.Param(normal(rngs.params(), (num_heads, head_dim)))
-    self.v = nnx.Param(normal(rngs.params(), (num_heads, head_dim)))
+    self.u = param(normal(rngs.params(), (num_heads, head_dim)), (HEADS, KV))
+    self.v = param(normal(rngs.params(), (num_heads, head_dim)), (HEADS, KV))
     # Haiku's Linear default: a truncated normal of stddev 1/sqrt(fan_in).
     self.W_r = nnx.Linear(d_model, d_model, use_bias=False,
-                          kernel_init=haiku_truncated_normal(1.0 / np.sqrt(d_model)), rngs=rngs)
+                          kernel_init=haiku_truncated_normal(1.0 / np.sqrt(d_model)),
+                          param_dtype=scope_param_dtype(),
+                          kernel_metadata=annotation((EMBED, HEADS)), rngs=rngs)
 
   @classmethod
   def build(cls, *, d_model, num_heads, max_positions, causal, rngs, base=10000.0):
@@ -79,7 +87,8 @@ class TransformerXL(PositionalEncoding):
     k, _ = repeat_kv_heads(k, k, h, q.shape)  # grouped key/value heads: one per query head
     kernel = self.W_r.kernel[...].astype(jnp.float32).reshape(self.d_model, h, d)
     # (q + v)·W_r R = R·z with z = W_r (q + v), per head: no [T, T, H, D] keys.
-    z = jnp.einsum('bihd,ehd->bihe', q + self.v[...][None, None], kernel)
+    u, v = (p[...].astype(jnp.float32) for p in (self.u, self.v))
+    z = jnp.einsum('bihd,ehd->bihe', q + v[None, None], kernel)
     t_k = k.shape[1]
     if (context.distances is None and is_arange(context.q_positions)
         and is_arange(context.k_positions)):
@@ -94,6 +103,6 @@ class TransformerXL(PositionalEncoding):
       features = sinusoidal_at(relative, self.d_model, self.base)  # [(B,) T_q, T_k, d_model]
       subscripts = 'bihe,ije->bhij' if features.ndim == 3 else 'bihe,bije->bhij'
       positional = jnp.einsum(subscripts, z, features)
-    content = jnp.einsum('hd,bjhd->bhj', self.u[...], k)[:, :, None, :]
+    content = jnp.einsum('hd,bjhd->bhj', u, k)[:, :, None, :]
     bias = (content + positional) / np.sqrt(d).astype(np.float32)
     return DenseBias(jnp.broadcast_to(bias, (b, h, t_q, t_k)), origin=ORIGIN)

@@ -1,6 +1,6 @@
 """RoPE with a hard symmetric window on position ids for some heads.
 
-Ours (issue 12), for position coupling (Cho et al. 2024, `lab/tasks/coupling.py`).
+Ours, for position coupling (Cho et al. 2024, `lab/tasks/coupling.py`).
 q and k are rotated as in RoPE (`rope.py`) in every head; in addition the
 first M heads ("windowed heads") only see keys whose position id is within
 `w_h` of the query's, in either direction:

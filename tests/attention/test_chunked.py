@@ -175,6 +175,14 @@ class ModuleImplementationTest(parameterized.TestCase):
       with self.assertRaisesRegex(ValueError, 'a window bias'):
         other(x, kv_lengths=lengths)
       return
+    terms = spec if isinstance(spec, tuple) else (spec,)
+    if implementation == 'chunked' and any(
+        isinstance(t, aj.attention.HouseholderScores) for t in terms):
+      # PaTH transforms q·k itself: its own blockwise kernel serves it, not chunked.
+      with self.assertRaisesRegex(ValueError, r"a Householder transform of q·k \(PaTH\).*"
+                                  r"'path_blockwise'"):
+        other(x, kv_lengths=lengths)
+      return
     chex.assert_trees_all_close(other(x, kv_lengths=lengths), want, atol=1e-5)
 
   def test_chunked_refuses_what_it_cannot_serve(self):

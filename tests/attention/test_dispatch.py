@@ -62,7 +62,8 @@ class SelectTest(parameterized.TestCase):
       aj.scaled_dot_product_attention(q, q, q, implementation='dense', chunked_strategy='fast')
 
   def test_the_table_is_what_auto_walks(self):
-    order = ['cudnn', 'splash', 'pallas_tpu', 'pallas_gpu', 'chunked', 'tpu_flash', 'dense']
+    order = ['cudnn', 'splash', 'pallas_tpu', 'pallas_gpu', 'chunked', 'path_blockwise',
+             'tpu_flash', 'dense']
     self.assertEqual(list(KERNELS), order)
     self.assertEqual(aj.attention.IMPLEMENTATIONS, (*order, 'auto'))
     self.assertTrue(KERNELS['dense'].weights and not KERNELS['chunked'].dense_mask)

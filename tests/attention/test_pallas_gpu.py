@@ -22,7 +22,7 @@ from attention_jax.attention.scores import LinearBias
 from attention_jax.attention.scores import WindowBias
 
 T, D = 100, 32  # T not a multiple of the blocks: the padding paths run
-ATOL = {'float32': 1e-5, 'bfloat16': 2e-2}
+ATOL = {'float32': 1e-5, 'bfloat16': 2e-2, 'float16': 2e-2}
 TRITON = [jax.export.DisabledSafetyCheck.custom_call('__gpu$xla.gpu.triton')]
 
 
@@ -174,6 +174,45 @@ class PallasGpuAttentionTest(chex.TestCase, parameterized.TestCase):
     exported = jax.export.export(jax.jit(grad), platforms=('cuda',), disabled_checks=TRITON)(
         q, k, k, gates, gates)
     self.assertEqual(exported.mlir_module().count('@__gpu$xla.gpu.triton'), 3)
+
+  @parameterized.parameters('float32', 'bfloat16', 'float16')
+  @pytest.mark.slow
+  def test_soft_cap_and_sinks_equal_dense_in_outputs_and_gradients(self, dtype):
+    # GQA, ALiBi, padding with an empty example (its rows: zeros, no NaN).
+    q, k, v, dout = (x[:, :40] for x in _inputs(2, 4, 2, jnp.dtype(dtype)))
+    slopes = tuple(float(s) for s in aj.positional.alibi_slopes(4))
+    sinks, lengths = jnp.array([0.5, -1.0, 2.0, 0.0]), jnp.array([0, 29])
+
+    def pallas(q, k, v, sinks):
+      return pallas_gpu_attention(q, k, v, causal=True, kv_lengths=lengths, alibi_slopes=slopes,
+                                  interpret=True, block_q=16, block_k=16, logit_soft_cap=2.0,
+                                  sinks=sinks)
+
+    def dense(q, k, v, sinks):
+      return aj.attention.scaled_dot_product_attention(
+          q, k, v, causal=True, kv_lengths=lengths, score_bias=LinearBias(slopes),
+          implementation='dense', logit_soft_cap=2.0, sinks=sinks)
+
+    got = jax.jit(lambda *a: _out_and_grads(pallas, *a))(q, k, v, dout, (sinks,))
+    want = _out_and_grads(dense, *(x.astype(jnp.float32) for x in (q, k, v, dout)), (sinks,))
+    self.assertEqual(got[0].dtype, jnp.dtype(dtype))
+    as_f32 = lambda tree: jax.tree.map(lambda x: x.astype(jnp.float32), tree)
+    tol = ATOL[dtype]
+    chex.assert_trees_all_close(as_f32(got), want, atol=tol, rtol=tol)
+    chex.assert_tree_all_finite(got)
+    np.testing.assert_array_equal(got[0][0], 0.0)
+
+  def test_soft_cap_and_sinks_lower_for_cuda(self):
+    x = jax.ShapeDtypeStruct((1, 256, 4, 64), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((1, 256, 2, 64), jnp.bfloat16)
+    loss = lambda q, k, v, s: jnp.sum(pallas_gpu_attention(
+        q, k, v, causal=True, logit_soft_cap=50.0, sinks=s).astype(jnp.float32))
+    exported = jax.export.export(jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))),
+                                 platforms=('cuda',), disabled_checks=TRITON)(
+                                     x, kv, kv, jax.ShapeDtypeStruct((4,), jnp.float32))
+    module = exported.mlir_module()
+    self.assertEqual(module.count('@__gpu$xla.gpu.triton'), 3)
+    self.assertIn('tanh', module)
 
   def test_bad_input(self):
     q, k, v, _ = _inputs(1, 4, 3, jnp.float32)

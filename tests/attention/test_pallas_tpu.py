@@ -125,6 +125,46 @@ class PallasTPUTest(chex.TestCase, parameterized.TestCase):
     self.assertLess(max(sizes), t * 128)  # O(T · D): the largest are q, k, v themselves
 
 
+class SoftCapAndSinksTest(chex.TestCase, parameterized.TestCase):
+
+  @parameterized.parameters(('float32', 1e-5), ('bfloat16', 5e-2))
+  @pytest.mark.slow
+  def test_soft_cap_and_sinks_equal_dense_in_outputs_and_gradients(self, dtype, tol):
+    # GQA, ALiBi, padding with an empty example (its rows: zeros, no NaN);
+    # the reference: dense in float32 on the same (rounded) inputs.
+    (q, k, v), _, dout = _inputs(2, 2, 1, jnp.dtype(dtype))
+    sinks, lengths = jnp.array([0.5, -1.0]), jnp.array([0, 130])
+    structure = dict(causal=True, kv_lengths=lengths, logit_soft_cap=2.0)
+
+    def outputs_and_grads(f):
+      def loss(q, k, v, sinks):
+        out = f(3 * q, k, v, sinks)  # large scores, which the cap bends
+        return jnp.sum(out.astype(jnp.float32) * dout), out
+      grads, out = jax.grad(loss, argnums=(0, 1, 2, 3), has_aux=True)(q, k, v, sinks)
+      return out, grads
+
+    got = outputs_and_grads(lambda q, k, v, s: pallas_tpu_attention(
+        q, k, v, interpret=True, alibi_slopes=(0.5, 0.125), sinks=s, **structure))
+    want = outputs_and_grads(lambda q, k, v, s: aj.attention.scaled_dot_product_attention(
+        q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32),
+        implementation='dense', score_bias=LinearBias((0.5, 0.125)), sinks=s, **structure))
+    self.assertEqual(got[0].dtype, jnp.dtype(dtype))
+    as_f32 = lambda tree: jax.tree.map(lambda x: x.astype(jnp.float32), tree)
+    chex.assert_trees_all_close(as_f32(got), as_f32(want), atol=tol, rtol=tol)
+    chex.assert_tree_all_finite(got)
+    chex.assert_trees_all_equal(got[0][0], jnp.zeros_like(got[0][0]))
+
+  def test_soft_cap_and_sinks_lower_for_tpu(self):
+    x = jax.ShapeDtypeStruct((1, 256, 4, 64), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((1, 256, 2, 64), jnp.bfloat16)
+    loss = lambda q, k, v, s: jnp.sum(pallas_tpu_attention(
+        q, k, v, causal=True, logit_soft_cap=50.0, sinks=s).astype(jnp.float32))
+    exported = jax.export.export(jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))),
+                                 platforms=('tpu',))(
+                                     x, kv, kv, jax.ShapeDtypeStruct((4,), jnp.float32))
+    self.assertEqual(exported.mlir_module().count('tpu_custom_call'), 3)
+
+
 def _spec(enc, p):
   """What a position-only encoding adds at positions p, as a module asks it."""
   q = jnp.zeros((1, p.shape[-1], 1, 1))

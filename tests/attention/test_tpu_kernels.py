@@ -122,6 +122,40 @@ class TPUKernelsTest(chex.TestCase, parameterized.TestCase):
     self.assertIn('splash_mha_fwd' if name == 'splash' else 'flash_mha_bwd_dq', text)
 
 
+class SplashSoftCapAndSinksTest(chex.TestCase):
+
+  @pytest.mark.slow
+  def test_splash_soft_cap_and_sinks_equal_dense_in_outputs_and_gradients(self):
+    (q, k, v), _, dout = _inputs(2, 1, jnp.float32, t=128)
+    sinks = jnp.array([0.5, -1.0])
+    structure = dict(causal=True, kv_lengths=jnp.array([0, 100]), logit_soft_cap=2.0)
+
+    def outputs_and_grads(implementation):
+      def loss(q, k, v, sinks):
+        out = scaled_dot_product_attention(3.0 * q, k, v, implementation=implementation,
+                                           sinks=sinks, **structure)
+        return jnp.sum(out * dout[:, :128]), out
+      grads, out = jax.jit(jax.grad(loss, (0, 1, 2, 3), has_aux=True))(q, k, v, sinks)
+      return out, grads
+
+    with _as_tpu():
+      got = outputs_and_grads('splash')
+    chex.assert_trees_all_close(got, outputs_and_grads('dense'), atol=1e-5)
+    chex.assert_trees_all_equal(got[0][0], jnp.zeros_like(got[0][0]))
+
+  def test_splash_soft_cap_and_sinks_lower_for_tpu(self):
+    x = jax.ShapeDtypeStruct((B, T, 2, D), jnp.bfloat16)
+    def loss(q, k, v, sinks):
+      return jnp.sum(scaled_dot_product_attention(
+          q, k, v, causal=True, implementation='splash', logit_soft_cap=50.0,
+          sinks=sinks).astype(jnp.float32))
+    with _as_tpu(interpret=False):
+      exported = jax.export.export(jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))),
+                                   platforms=('tpu',))(
+                                       x, x, x, jax.ShapeDtypeStruct((2,), jnp.float32))
+    self.assertEqual(exported.mlir_module().count('tpu_custom_call'), 3)
+
+
 def _select(requested, backend='tpu', **kw):
   call = dict(t_k=T, dtype=jnp.bfloat16, head_dim=D, causal=True)
   return select_implementation(requested, Request(**dict(call, **kw)), backend)

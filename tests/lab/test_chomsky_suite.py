@@ -1,10 +1,12 @@
 """The benchmark suite end to end on the tiny preset (one shared run), its
-config checks, its workdir rules, and the paper preset built, lowered and
-stepped on CPU."""
+config checks, its workdir rules, resume from a checkpoint in the middle of
+a group, shards and locks, and the paper preset built, lowered and stepped
+on CPU."""
 
 import json
 import os
 import tempfile
+import threading
 
 import chex
 import jax
@@ -18,9 +20,11 @@ from attention_jax.lab.chomsky import published
 from attention_jax.lab.chomsky import report
 from attention_jax.lab.chomsky import suite
 from attention_jax.lab.chomsky import trainer
+from attention_jax.lab import locks
 from attention_jax.lab import tasks as lab_tasks
+from attention_jax.lab.train.interrupt import TrainingInterrupted
 from attention_jax.lab.tasks.chomsky import registry
-from attention_jax.lab.validate import ConfigError
+from attention_jax.lab.errors import ConfigError
 from configs import chomsky as chomsky_config
 
 TASKS = ('parity_check', 'binary_addition')
@@ -29,7 +33,7 @@ ENCODINGS = ('alibi', 'rope:randomized', 'relative:randomized')
 
 def tiny(**changes):
   c = chomsky_config.get_config('scale=tiny')
-  c.tasks, c.encodings = TASKS, ENCODINGS
+  c.study.tasks, c.study.encodings = TASKS, ENCODINGS
   for path, value in changes.items():
     group, _, key = path.rpartition('.')
     (c[group] if group else c)[key] = value
@@ -91,6 +95,66 @@ class SuiteRunTest(chex.TestCase):
     # Data from (seed, step), evaluation from eval.seed: the same numbers again.
     np.testing.assert_allclose(again['accuracies'], before['accuracies'])
 
+  def _assert_same_as_the_shared_run(self, records):
+    """Bit for bit: the accuracies, the training log and accuracy."""
+    reference = {(r['task'], r['encoding']): r for r in self.records}
+    self.assertNotEmpty(records)
+    for r in records:
+      ref = reference[(r['task'], r['encoding'])]
+      np.testing.assert_array_equal(r['accuracies'], ref['accuracies'])
+      self.assertEqual(r['log'], ref['log'])
+      self.assertEqual(r['train_accuracy'], ref['train_accuracy'])
+
+  def test_an_interrupted_group_resumes_bit_for_bit(self):
+    workdir = tempfile.mkdtemp()
+    one = {'study.encodings': ('rope:randomized',)}
+    with self.assertRaisesRegex(TrainingInterrupted, r'train.stop_after at step 2 .*'
+                                r'checkpointed at step 2 in .*groups/rope\+randomized/'
+                                r'lr_0.001/parity_check/checkpoints'):
+      suite.run_suite(tiny(**one, **{'train.stop_after': 2}), workdir, progress=lambda _: None)
+    group = suite.group_dir(workdir, 'rope:randomized', 1e-3, ['parity_check'])
+    self.assertEqual(os.listdir(os.path.join(group, 'checkpoints')), ['2'])
+    lines = []
+    records = suite.run_suite(tiny(**one), workdir, progress=lines.append)
+    self.assertTrue(any('resuming at step 2 from' in line for line in lines))
+    self._assert_same_as_the_shared_run(records)
+
+  def test_two_shards_equal_one_process(self):
+    workdir, first = tempfile.mkdtemp(), []
+    one = {'study.encodings': ('rope:randomized',)}
+    self.assertIsNone(suite.run_suite(tiny(**one, **{'study.shard': (0, 2)}), workdir,
+                                      progress=first.append))
+    self.assertIn('shard 0 of 2: 1 of the 2 groups', first)
+    self.assertTrue(any('1 of 2 settings are not recorded yet' in line for line in first))
+    self.assertFalse(os.path.exists(os.path.join(workdir, 'summary.md')))
+    with self.assertRaisesRegex(ConfigError, 'study.report_only: 1 of 2 settings'):
+      suite.run_suite(tiny(**one, **{'study.report_only': True}), workdir,
+                      progress=lambda _: None)
+    records = suite.run_suite(tiny(**one, **{'study.shard': (1, 2)}), workdir,
+                              progress=lambda _: None)
+    self.assertTrue(os.path.exists(os.path.join(workdir, 'summary.md')))
+    self._assert_same_as_the_shared_run(records)
+
+  def test_a_group_another_job_holds_is_left_to_it(self):
+    workdir, lines = tempfile.mkdtemp(), []
+    config = tiny(**{'study.encodings': ('alibi',), 'study.tasks': ('parity_check',)})
+    held, release = threading.Event(), threading.Event()
+
+    def other_job():
+      with locks.hold(suite.group_dir(workdir, 'alibi', 1e-3, ['parity_check'])):
+        held.set()
+        release.wait()
+    thread = threading.Thread(target=other_job)
+    thread.start()
+    held.wait()
+    try:
+      self.assertIsNone(suite.run_suite(config, workdir, progress=lines.append))
+    finally:
+      release.set()
+      thread.join()
+    self.assertTrue(any('alibi (lr 0.001) × parity_check: in training by ' in line
+                        and 'left to it' in line for line in lines), lines)
+
   def test_another_config_refused_in_the_same_workdir(self):
     with self.assertRaisesRegex(ConfigError, r'another config \(differing: model.d_model\)'):
       suite.run_suite(tiny(**{'model.d_model': 8}), self.workdir, progress=lambda _: None)
@@ -100,27 +164,28 @@ class ConfigTest(chex.TestCase):
 
   def test_unknown_task_lists_the_known_ones(self):
     with self.assertRaisesRegex(ConfigError, "unknown task 'parity'.*even_pairs"):
-      suite.validate(tiny(tasks=('parity',)))
+      suite.validate(tiny(**{'study.tasks': ('parity',)}))
 
   def test_causal_only_encodings_refused_with_the_reason(self):
     for spec in ('fox', 'xpos'):
       with self.assertRaisesRegex(ConfigError, f"encoding '{spec}' cannot run the "
                                   'bidirectional encoder protocol: .*causal'):
-        suite.validate(tiny(encodings=(spec,)))
+        suite.validate(tiny(**{'study.encodings': (spec,)}))
 
   def test_randomized_only_where_their_code_defines_it(self):
     with self.assertRaisesRegex(ConfigError, "'kerple:randomized'.*alibi"):
-      suite.validate(tiny(encodings=('kerple:randomized',)))
+      suite.validate(tiny(**{'study.encodings': ('kerple:randomized',)}))
 
   def test_coupled_duplicates_and_empty_lists_refused(self):
     with self.assertRaisesRegex(ConfigError, "'rope:coupled': the encoder protocol takes NAME "
                                 'or NAME:randomized'):
-      suite.validate(tiny(encodings=('rope:coupled',)))
-    with self.assertRaisesRegex(ConfigError, r"tasks names \['copy'\] more than once"):
-      suite.validate(tiny(tasks=('copy', 'copy')))
-    with self.assertRaisesRegex(ConfigError, r"encodings names \['rope'\] more than once"):
-      suite.validate(tiny(encodings=('rope', 'rope')))
-    with self.assertRaisesRegex(ValueError, 'preset argument tasks= is empty'):
+      suite.validate(tiny(**{'study.encodings': ('rope:coupled',)}))
+    with self.assertRaisesRegex(ConfigError, r"study.tasks names \['copy'\] more than once"):
+      suite.validate(tiny(**{'study.tasks': ('copy', 'copy')}))
+    with self.assertRaisesRegex(ConfigError,
+                                r"study.encodings names \['rope'\] more than once"):
+      suite.validate(tiny(**{'study.encodings': ('rope', 'rope')}))
+    with self.assertRaisesRegex(ValueError, r"argument 'tasks=': tasks= is empty"):
       chomsky_config.get_config('scale=tiny,tasks=')
 
   def test_eval_range_must_reach_past_the_first_test_length(self):
@@ -132,7 +197,28 @@ class ConfigTest(chex.TestCase):
       suite.validate(tiny(**{'model.d_model': 15}))
     with self.assertRaisesRegex(ConfigError, 'noise_max_length=8 is below the longest'):
       suite.validate(tiny(**{'model.noise_max_length': 8}))
-    suite.validate(tiny(encodings=('alibi',), **{'model.noise_max_length': 8}))  # not randomized
+    suite.validate(tiny(**{'study.encodings': ('alibi',),  # not randomized
+                            'model.noise_max_length': 8}))
+
+  def test_job_fields_checked(self):
+    for path, value, message in (
+        ('train.checkpoint_every', 3, r'train.checkpoint_every=3 must be a multiple of '
+                                      r'train.steps_per_call=2'),
+        ('train.stop_after', 1, r'train.stop_after=1 must be 0 \(never\) or a multiple'),
+        ('train.max_minutes', -1.0, r'train.max_minutes=-1.0 must be a finite number'),
+        ('study.on_locked', 'skip', r"study.on_locked='skip'; choose 'refuse' or 'wait'"),
+        ('study.shard', (2, 2), r'study.shard=\(2, 2\) must be \(INDEX, COUNT\)'),
+        ('train.num_steps', 0, r'train.num_steps=0 must be an integer >= 1')):
+      with self.assertRaisesRegex(ConfigError, message):
+        suite.validate(tiny(**{path: value}))
+
+  def test_job_fields_may_change_between_invocations(self):
+    a = suite.identity(tiny())
+    b = suite.identity(tiny(**{'train.stop_after': 2, 'train.max_minutes': 5.0,
+                               'study.shard': (0, 2), 'train.checkpoint_every': 4,
+                               'study.tasks': ('parity_check',)}))
+    self.assertEqual(a, b)
+    self.assertNotEqual(a, suite.identity(tiny(**{'study.seeds': (0,)})))
 
   def test_bad_preset_argument_named(self):
     with self.assertRaisesRegex(ValueError, "scale='huge'"):
@@ -169,15 +255,15 @@ class PaperPresetTest(chex.TestCase):
   """The published setting on CPU: built, lowered at its longest evaluation,
   and a few real training steps."""
 
-  @pytest.mark.slow  # about 25 s on 2 cores: CI's slow tier
+  @pytest.mark.slow  # a paper-size model compiled on CPU: CI's slow tier
   def test_paper_preset_builds_lowers_and_steps(self):
     c = chomsky_config.get_config('scale=paper')
     self.assertEqual((c.model.num_layers, c.model.d_model, c.model.num_heads,
                       c.model.mlp_factor, c.model.dropout), (5, 64, 8, 4, 0.1))
     self.assertEqual((c.train.batch_size, c.train.min_length, c.train.max_length,
-                      c.eval.max_length, c.eval.samples), (128, 1, 40, 500, 512))
+                      c.eval.max_length, c.eval.num_samples), (128, 1, 40, 500, 512))
     suite.validate(c)
-    c.train.steps, c.train.chunk = 2, 2
+    c.train.num_steps, c.train.steps_per_call = 2, 2
     task = lab_tasks.get_spec('duplicate_string')  # the longest layout: 3 × 500 slots
     programs = trainer.Programs.for_tasks(c, list(registry.TASKS.values()))
     graphdef, (params,), rest, log = trainer.train(programs, [task], 'relative:randomized',
@@ -185,7 +271,8 @@ class PaperPresetTest(chex.TestCase):
     self.assertTrue(np.isfinite(log['log'][-1]['loss']))
     slots = layout.padded_slots(task, c.eval.max_length)
     batches = programs.eval_data(task, slots, c.eval.max_length)(jnp.int32(c.eval.max_length))
-    batches['num_classes'] = jnp.full((c.eval.samples // c.eval.sub_batch, 1), 2, jnp.int32)
+    batches['num_classes'] = jnp.full((c.eval.num_samples // c.eval.batch_size, 1), 2,
+                                      jnp.int32)
     self.assertEqual(batches['tokens'].shape, (8, 64, 1500))
     lowered = programs.eval_accuracy(graphdef, rest, 'relative:randomized', slots).lower(
         params, batches)

@@ -21,14 +21,14 @@ from absl.testing import parameterized
 from attention_jax.lab import cluster
 from attention_jax.lab import locks
 from attention_jax.lab import train
-from attention_jax.lab.runtime import entry_point
+from attention_jax.lab.process import entry_point
 from attention_jax.lab.study import run_one
 from attention_jax.lab.study import run_study
 from attention_jax.lab.study import shared_optimizer
 from attention_jax.lab.train import loop
 from attention_jax.lab.train.interrupt import TIME_BUDGET
 from attention_jax.lab.train.interrupt import TrainingInterrupted
-from attention_jax.lab.validate import ConfigError
+from attention_jax.lab.errors import ConfigError
 from attention_jax.lab.validate import validate_config
 from configs import copy as copy_config
 

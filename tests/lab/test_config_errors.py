@@ -1,7 +1,7 @@
 """Every bad command line or config is one line on stderr, exit status 2,
-and nothing written (issue 23): absl's flag parsing (runtime.parse_flags,
+and nothing written: absl's flag parsing (command_line.parse_flags,
 checked in-process on fresh FlagValues), the config checks
-(validate_config) and the run's own failures (runtime.entry_point). Two
+(validate_config) and the run's own failures (process.entry_point). Two
 subprocesses check the wiring of the real entry points.
 """
 
@@ -23,9 +23,10 @@ import pytest
 from absl.testing import parameterized
 
 from attention_jax.lab import presets
-from attention_jax.lab import runtime
+from attention_jax.lab import command_line
+from attention_jax.lab import process
 from attention_jax.lab.train.interrupt import TrainingInterrupted
-from attention_jax.lab.validate import ConfigError
+from attention_jax.lab.errors import ConfigError
 from attention_jax.lab.validate import validate_config
 from configs import copy as copy_config
 
@@ -40,7 +41,7 @@ def _exit_line(run):
     with contextlib.redirect_stderr(stderr):
       run()
   except SystemExit as e:
-    assert e.code == runtime.USAGE_ERROR, (e.code, stderr.getvalue())
+    assert e.code == process.USAGE_ERROR, (e.code, stderr.getvalue())
   else:
     raise AssertionError(f'no exit; stderr: {stderr.getvalue()}')
   lines = stderr.getvalue().strip().splitlines()
@@ -51,7 +52,6 @@ def _exit_line(run):
 def _flags():
   """The flags an entry point defines, on fresh FlagValues."""
   flag_values = flags.FlagValues()
-  runtime.CONFIG_ARGV.clear()  # as at an entry point's import: no command line read yet
   presets.DEFINE_config_file('config', 'copy', 'Run configuration.', flag_values=flag_values)
   flags.DEFINE_string('workdir', 'runs/x', 'Where outputs are written.', flag_values=flag_values)
   return flag_values
@@ -59,7 +59,7 @@ def _flags():
 
 def _parse(*args):
   flag_values = _flags()
-  rest = runtime.parse_flags(['prog', *args], flag_values)
+  rest = command_line.parse_flags(['prog', *args], flag_values)
   return flag_values, rest
 
 
@@ -162,8 +162,8 @@ class ParseFlagsTest(parameterized.TestCase):
     self.assertEqual(os.listdir(existing), [])
 
   def test_config_file_without_get_config_is_one_line(self):
-    # It used to inherit the default preset's get_config (ml_collections loads
-    # every file as one module name) and train that, exit 0.
+    # ml_collections loads every file as one module name: without the check,
+    # the file would inherit the default preset's get_config and train that.
     path = os.path.join(tempfile.mkdtemp(), 'no_get_config.py')
     pathlib.Path(path).write_text('X = 1\n')
     for extra in ((), ('--config.train.seed=1',)):
@@ -177,8 +177,8 @@ class ParseFlagsTest(parameterized.TestCase):
                                 r'of one run \(experiments.train\); a study trains '
                                 r'study.encodings: --config.study.encodings="\(\'xpos\',\)", '
                                 r'or the preset --config=copy:encoding=xpos\.$'):
-      runtime.check_study_overrides(['prog', TINY, '--config.model.encoding=xpos'])
-    runtime.check_study_overrides(['prog', TINY, '--config.study.encodings=("xpos",)'])
+      command_line.check_study_overrides(['prog', TINY, '--config.model.encoding=xpos'])
+    command_line.check_study_overrides(['prog', TINY, '--config.study.encodings=("xpos",)'])
 
   def test_config_file_with_a_syntax_error_is_one_line(self):
     path = os.path.join(tempfile.mkdtemp(), 'broken.py')
@@ -224,7 +224,7 @@ class EntryPointTest(absltest.TestCase):
     workdir = os.path.join(parent, 'new')
 
     def run():
-      with runtime.entry_point(_config(), workdir=workdir):
+      with process.entry_point(_config(), workdir=workdir):
         os.makedirs(os.path.join(workdir, 'runs', 'seed0', 'checkpoints'))
         pathlib.Path(workdir, 'runs', 'seed0', 'config.json').write_text('{}')
         raise jax.errors.JaxRuntimeError(
@@ -241,7 +241,7 @@ class EntryPointTest(absltest.TestCase):
     os.makedirs(old)
 
     def run():
-      with runtime.entry_point(_config(), workdir=workdir):
+      with process.entry_point(_config(), workdir=workdir):
         os.makedirs(os.path.join(workdir, 'runs', 'done', 'checkpoints', '5'))
         os.makedirs(os.path.join(workdir, 'runs', 'failed', 'checkpoints'))
         raise MemoryError()
@@ -249,18 +249,18 @@ class EntryPointTest(absltest.TestCase):
     self.assertCountEqual(os.listdir(os.path.join(workdir, 'runs')), ['old', 'done'])
 
   def test_missing_import_and_stop_message_are_one_line(self):
-    line = _exit_line(lambda: runtime.entry_point(_config(imports=('no_such_module',))).__enter__())
+    line = _exit_line(lambda: process.entry_point(_config(imports=('no_such_module',))).__enter__())
     self.assertRegex(line, r"^error: config.imports has 'no_such_module': no such module.*"
                      r'--config.imports=my_module\.$')
     stderr = io.StringIO()
     with contextlib.redirect_stderr(stderr), self.assertRaises(SystemExit) as ex:
-      with runtime.entry_point(_config()):
+      with process.entry_point(_config()):
         raise TrainingInterrupted('stopped by train.stop_after after step 2 of 4', None)
     self.assertEqual(ex.exception.code, 0)
     self.assertEqual(stderr.getvalue(), 'stopped by train.stop_after after step 2 of 4\n')
 
   def test_no_tpu_line_and_other_backend_lines_kept(self):
-    runtime._quiet_logs()  # pylint: disable=protected-access
+    process.quiet_logs()
     logger = logging.getLogger('jax._src.xla_bridge')
     with self.assertLogs(logger, logging.INFO) as logs:
       logger.info("Unable to initialize backend 'tpu': INTERNAL: Failed to open libtpu.so")
@@ -273,6 +273,34 @@ def _process(*args):
   env = {k: v for k, v in os.environ.items() if k != 'JAX_PLATFORMS'}  # as a user runs it
   return subprocess.run([sys.executable, '-m', *args], cwd=ROOT, capture_output=True,
                         text=True, timeout=300, env=env)
+
+
+class PresetKindTest(absltest.TestCase):
+  """Every entry point's --config against every packaged preset: a preset of
+  its own kind parses, another entry point's is one line naming both."""
+
+  def test_every_entry_point_with_every_preset(self):
+    defaults = set()
+    for path in sorted((ROOT / 'experiments').glob('*.py')):
+      found = re.search(r"DEFINE_config_file\(\s*'config',\s*'(\w+)'", path.read_text())
+      if found:
+        defaults.add(found.group(1))
+    self.assertEqual(defaults, {'copy', 'seq2seq', 'chomsky'})
+    kinds = {name: presets.kind_of(presets._load(name)) for name in presets.available()}
+    self.assertEqual(kinds, {'addition': 'study', 'copy': 'study', 'seq2seq': 'study',
+                             'chomsky': 'chomsky'})
+    for default in sorted(defaults):
+      for preset, kind in sorted(kinds.items()):
+        flag_values = flags.FlagValues()
+        presets.DEFINE_config_file('config', default, '', flag_values=flag_values)
+        parse = lambda: flag_values['config'].parser.parse(f'{preset}:scale=tiny')
+        if kind == kinds[default]:
+          self.assertEqual(presets.kind_of(parse()), kind)
+          continue
+        line = _exit_line(parse)
+        self.assertRegex(line, rf"^error: --config={preset}:scale=tiny: a '{kind}' config, "
+                               rf"for experiments.* this entry point takes '{kinds[default]}' "
+                               'configs: the presets ')
 
 
 class EntryPointProcessTest(absltest.TestCase):
@@ -298,7 +326,7 @@ class EntryPointProcessTest(absltest.TestCase):
           '--config.model.encoding_options.rope.base=-1.0'),
          r'error: invalid config: model.encoding_options.rope.base=-1.0 must be a finite '
          r'number > 1'),
-        # An encoding's own length limit, before training (it used to fail after it).
+        # An encoding's own length limit, checked before training, not after it.
         (('experiments.train', '--config.model.encoding=xpos', '--config.eval.max_length=20000',
           '--config.eval.lengths=(4,20000)'),
          r"error: invalid config: eval.max_length=20000 on 'copy' reads positions 0 … 40001, "

@@ -14,7 +14,7 @@ from attention_jax.lab import entries
 from attention_jax.lab import identity
 from attention_jax.lab import models
 from attention_jax.lab import plan
-from attention_jax.lab.validate import ConfigError
+from attention_jax.lab.errors import ConfigError
 from attention_jax.lab.validate import validate_config
 from configs import copy as copy_config
 

@@ -13,7 +13,7 @@ from attention_jax.lab.plan import place
 from attention_jax.lab.plan import run_configs
 from attention_jax.lab.entries import run_label
 from attention_jax.lab.study import run_study
-from attention_jax.lab.validate import ConfigError
+from attention_jax.lab.errors import ConfigError
 from attention_jax.lab.validate import validate_config
 from configs import copy as copy_config
 

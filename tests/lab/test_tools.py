@@ -18,6 +18,7 @@ import pytest
 
 from attention_jax.lab import plots
 from attention_jax.lab import results
+from attention_jax.lab import trained
 from attention_jax.lab import workdirs
 from attention_jax.lab.diagnose import run_diagnostics
 from attention_jax.lab.diagnose import stored_config
@@ -25,7 +26,7 @@ from attention_jax.lab.study import run_one
 from attention_jax.lab.study import run_study
 from attention_jax.lab.train.interrupt import TrainingInterrupted
 from attention_jax.lab.train.loop import run_name
-from attention_jax.lab.validate import ConfigError
+from attention_jax.lab.errors import ConfigError
 from configs import copy as copy_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -104,6 +105,25 @@ class ReadWorkdirTest(absltest.TestCase):
     same = plots.training_marks({'a': (1, 4), 'b': (1, 4), 'c': None})
     self.assertEqual((same['span'], same['shared']), ((1, 4), True))
     self.assertEqual([n for n, _ in same['lines']], [8, 16, 32])
+
+
+@pytest.mark.slow
+class LoadTest(absltest.TestCase):
+  """`lab.trained.load` on both kinds of workdir."""
+
+  def test_a_run_loads_and_predicts(self):
+    for run_dir in (RUN, os.path.join(STUDY, 'copy', 'alibi', 'seed0')):
+      run = trained.load(run_dir)
+      self.assertEqual(run.task.name, 'copy')
+      prediction = run.predict([1, 2, 3])
+      self.assertIsInstance(prediction.tokens, list)
+      if prediction.output is not None:
+        self.assertTrue(all(0 <= s < 16 for s in prediction.output))
+
+  def test_a_study_names_its_runs(self):
+    with self.assertRaisesRegex(ConfigError, f'{STUDY} is a study of 1 run; load one of '
+                                f'them, e.g. {STUDY}/copy/alibi/seed0'):
+      trained.load(STUDY)
 
 
 @pytest.mark.slow

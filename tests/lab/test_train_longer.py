@@ -1,6 +1,5 @@
 """Training a run on past one invocation: a larger train.num_steps extends a
-finished run (issue item 14), and a time box too short to train one interval
-says so (issue item 11).
+finished run, and a time box too short to train one interval says so.
 
 One tiny study (one run of N steps) is trained once for the module and
 extended to 2N steps once; each test works on its own copy.
@@ -34,7 +33,7 @@ from attention_jax.lab.train import loop
 from attention_jax.lab.train.interrupt import TIME_BUDGET
 from attention_jax.lab.train.interrupt import TrainingInterrupted
 from attention_jax.lab.train.optimizer import learning_rate_schedule
-from attention_jax.lab.validate import ConfigError
+from attention_jax.lab.errors import ConfigError
 from configs import copy as copy_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

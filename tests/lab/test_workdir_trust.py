@@ -1,4 +1,4 @@
-"""What a workdir can be trusted with (issue 13): it never mixes configs,
+"""What a workdir can be trusted with: it never mixes configs,
 damaged files never block a resume, no stop request is lost, a bad config is
 one line before anything is written (the declared dependencies: test_layout.py).
 
@@ -31,7 +31,7 @@ from attention_jax.lab import train
 from attention_jax.lab.diagnose import run_diagnostics
 from attention_jax.lab.study import run_one
 from attention_jax.lab.study import run_study
-from attention_jax.lab.validate import ConfigError
+from attention_jax.lab.errors import ConfigError
 from attention_jax.lab.validate import validate_config
 from configs import copy as copy_config
 
@@ -251,7 +251,7 @@ class StopRequestTest(absltest.TestCase):
     # The signal right after the last training step (before evaluation).
     script = textwrap.dedent(f'''
         import os, signal
-        from attention_jax.lab.runtime import entry_point
+        from attention_jax.lab.process import entry_point
         from attention_jax.lab.study import run_study
         from tests.lab.test_workdir_trust import _config
         kill = lambda *_: os.kill(os.getpid(), signal.SIGTERM)
@@ -378,7 +378,7 @@ class ConfigErrorTest(parameterized.TestCase):
   def test_error_raised_in_compiled_code_is_printed_first(self):
     script = textwrap.dedent('''
         import jax, jax.numpy as jnp
-        from attention_jax.lab.runtime import entry_point
+        from attention_jax.lab.process import entry_point
         from attention_jax.positional import learned_lookup
         from configs import copy
         with entry_point(copy.get_config('scale=tiny')):

@@ -49,8 +49,8 @@ def write_outputs(records: list[dict], config, workdir: str) -> None:
   """results.csv, summary.md and chomsky.png into `workdir`."""
   _write_csv(records, os.path.join(workdir, 'results.csv'))
   combined = combine(records)
-  task_names = [t for t in config.tasks]
-  encodings = list(config.encodings)
+  task_names = list(config.study.tasks)
+  encodings = list(config.study.encodings)
   results.write_text(os.path.join(workdir, 'summary.md'),
                      summary(combined, task_names, encodings, config))
   figure(combined, task_names, encodings, os.path.join(workdir, 'chomsky.png'),
@@ -79,11 +79,11 @@ def summary(combined, task_names, encodings, config) -> str:
   t, e = config.train, config.eval
   lines = [
       '# DeepMind length-generalization suite: the encoder protocol', '',
-      f'Trained on lengths {t.min_length}–{t.max_length} ({t.steps:,} steps, batch '
+      f'Trained on lengths {t.min_length}–{t.max_length} ({t.num_steps:,} steps, batch '
       f'{t.batch_size}, {config.model.num_layers} layer{"s" * (config.model.num_layers != 1)}, '
       f'd_model {config.model.d_model}); '
-      f'evaluated on {e.min_length}–{e.max_length}, {e.samples} samples per length; seeds '
-      f'{tuple(config.seeds)}, learning rates {tuple(config.learning_rates)}.', '',
+      f'evaluated on {e.min_length}–{e.max_length}, {e.num_samples} samples per length; seeds '
+      f'{tuple(config.study.seeds)}, learning rates {tuple(config.study.learning_rates)}.', '',
       f'**Score** (accuracy %, their average: test lengths {t.max_length + 2}–{e.max_length}, '
       f'skipping {t.max_length + 1} as their code does): the best run over seeds and learning '
       'rates, as the papers report it, then the mean ± std over seeds.', '',
@@ -102,7 +102,7 @@ def summary(combined, task_names, encodings, config) -> str:
   lines += ['', '## Per task', '',
             f'`official`: lengths {t.max_length + 2}–{e.max_length} (their average); '
             f'`plain`: {t.max_length + 1}–{e.max_length}; `train`: accuracy on the training '
-            f'batches of the last {t.chunk} steps (dropout on), mean over seeds. Max over runs, '
+            f'batches of the last {t.steps_per_call} steps (dropout on), mean over seeds. Max over runs, '
             'then mean ± std.', '']
   for name in task_names:
     lines += [f'### {name} ({_level(name)})', '',

@@ -9,69 +9,90 @@ Workdir layout:
   config.json                       the config of the runs (one per workdir)
   settings/TASK/ENCODING/lr_LR.json one setting: per-seed accuracy per length,
                                     scores, the training log, seconds
+  groups/ENCODING/lr_LR/TASKS/      a group in training: its lock (`.lock`)
+                                    and checkpoints (`checkpoints/STEP`)
   results.csv, summary.md, chomsky.png   written once every setting is done
 
 A workdir holds one config's runs: a config whose runs would differ (model,
 training, evaluation, seeds) is refused before anything is written, naming
 the fields; adding tasks, encodings or learning rates to the same config
-extends the workdir. A rerun skips the settings already recorded; a damaged
-record is reported by path, set aside (`.damaged`) and rerun. An interrupt
-loses only the setting in progress.
+extends the workdir, and the fields that only steer a job (checkpoints,
+stops, shards, locks, progress) may change between invocations. A rerun
+skips the settings already recorded; a damaged record is reported by path,
+set aside (`.damaged`) and rerun.
+
+At scale, as the copy study's runs (`lab.study`): a group's training is
+checkpointed every `train.checkpoint_every` steps and resumed bit for bit
+(an interrupt loses at most that many steps); `train.stop_after` and
+`train.max_minutes` stop an invocation cleanly; the groups are dealt between
+the jobs of a cluster array (`study.shard`, or SLURM's array variables:
+`lab.cluster`), one job at a time per group (`lab.locks`: a group another job
+holds is left to it, or with `study.on_locked='wait'` waited for); the
+outputs are written by whichever job records the last setting (or by
+`study.report_only`).
 """
 
 import json
 import os
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 import ml_collections
 import numpy as np
 from flax import nnx
 
+from attention_jax.lab import cluster
+from attention_jax.lab import locks
 from attention_jax.lab.chomsky import layout
 from attention_jax.lab.chomsky import protocol
 from attention_jax.lab.chomsky import report
 from attention_jax.lab.chomsky import trainer
 from attention_jax.lab import results
 from attention_jax.lab import tasks
-from attention_jax.lab.validate import ConfigError
+from attention_jax.lab.train.interrupt import raise_if_stopped
+from attention_jax.lab.train.interrupt import stop_requests
+from attention_jax.lab.train.loop import time_budget
+from attention_jax.lab.errors import ConfigError
 from attention_jax.positional import make_encoding
 from attention_jax.positional import parse_encoding_spec
 
-# Fields that choose which settings run, not what a setting computes.
-_SELECTION = ('tasks', 'encodings', 'learning_rates')
-_PROGRESS_ONLY = (('train', 'log_every'),)
+# Fields that choose which settings run, or steer a job (checkpoints, stops,
+# shards, locks, progress, memory), not what a setting computes.
+_NOT_COMPUTED = (('study', 'tasks'), ('study', 'encodings'), ('study', 'learning_rates'),
+                 ('study', 'shard'), ('study', 'on_locked'), ('study', 'report_only'),
+                 ('train', 'log_every'), ('train', 'checkpoint_every'),
+                 ('train', 'checkpoint_keep'), ('train', 'stop_after'),
+                 ('train', 'max_minutes'), ('eval', 'cache'))
 
 
 def identity(config: ml_collections.ConfigDict) -> dict:
   """What every setting of `config` is computed with: the config without
-  the fields that only select settings or report progress."""
+  the fields that only select settings or steer the job."""
   d = config.to_dict()
-  for key in _SELECTION:
-    d.pop(key, None)
-  for group, key in _PROGRESS_ONLY:
+  for group, key in _NOT_COMPUTED:
     d.get(group, {}).pop(key, None)
   return json.loads(json.dumps(d, sort_keys=True, default=list))
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
   """ConfigError naming the first bad value, before anything runs."""
-  t, e, m = config.train, config.eval, config.model
+  t, e, m, study = config.train, config.eval, config.model, config.study
   longest = max([layout.padded_slots(tasks.get_spec(n), e.max_length)
-                 for n in config.tasks if n in tasks.SPECS], default=0)
-  if not config.tasks:
-    raise ConfigError(f'invalid config: tasks is empty; choose from {list(tasks.SPECS)}.')
-  for name in config.tasks:
+                 for n in study.tasks if n in tasks.SPECS], default=0)
+  if not study.tasks:
+    raise ConfigError(f'invalid config: study.tasks is empty; choose from '
+                      f'{list(tasks.SPECS)}.')
+  for name in study.tasks:
     if name not in tasks.SPECS:
-      raise ConfigError(f'invalid config: unknown task {name!r} in tasks; choose from '
+      raise ConfigError(f'invalid config: unknown task {name!r} in study.tasks; choose from '
                         f'{list(tasks.SPECS)}.')
-  if not config.encodings:
-    raise ConfigError('invalid config: encodings is empty.')
+  if not study.encodings:
+    raise ConfigError('invalid config: study.encodings is empty.')
   for field in ('tasks', 'encodings'):
-    names = list(config[field])
+    names = list(study[field])
     if len(set(names)) != len(names):
       twice = sorted({n for n in names if names.count(n) > 1})
-      raise ConfigError(f'invalid config: {field} names {twice} more than once.')
+      raise ConfigError(f'invalid config: study.{field} names {twice} more than once.')
   m_ok = all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
              for v in (m.d_model, m.num_heads, m.mlp_factor, m.noise_max_length))
   if not m_ok or m.d_model % m.num_heads or m.d_model % 2:
@@ -80,25 +101,37 @@ def validate(config: ml_collections.ConfigDict) -> None:
                       'noise_max_length: integers >= 1).')
   if not 0 <= m.dropout < 1:
     raise ConfigError(f'invalid config: model.dropout={m.dropout!r} must be in [0, 1).')
-  for spec in config.encodings:
+  for spec in study.encodings:
     check_encoding(spec, config)
-  if any(trainer.noise_kind(spec) for spec in config.encodings) and (
+  if any(trainer.noise_kind(spec) for spec in study.encodings) and (
       m.noise_max_length < longest):
     raise ConfigError(f'invalid config: model.noise_max_length={m.noise_max_length} is below '
                       f'the longest evaluated sequence, {longest} slots: randomized positions '
                       'are distinct draws from [0, noise_max_length).')
-  for field, value in (('train.steps', t.steps), ('train.chunk', t.chunk),
+  for field, value in (('train.num_steps', t.num_steps),
+                       ('train.steps_per_call', t.steps_per_call),
+                       ('train.checkpoint_every', t.checkpoint_every),
+                       ('train.checkpoint_keep', t.checkpoint_keep),
                        ('train.batch_size', t.batch_size), ('train.min_length', t.min_length),
-                       ('eval.samples', e.samples), ('eval.sub_batch', e.sub_batch),
+                       ('eval.num_samples', e.num_samples), ('eval.batch_size', e.batch_size),
                        ('model.num_layers', m.num_layers), ('train.log_every', t.log_every)):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
       raise ConfigError(f'invalid config: {field}={value!r} must be an integer >= 1.')
-  if t.steps % t.chunk:
-    raise ConfigError(f'invalid config: train.steps={t.steps} must be a multiple of '
-                      f'train.chunk={t.chunk}.')
-  if e.samples % e.sub_batch:
-    raise ConfigError(f'invalid config: eval.samples={e.samples} must be a multiple of '
-                      f'eval.sub_batch={e.sub_batch} (their accuracy averages sub-batches).')
+  for field in ('num_steps', 'checkpoint_every', 'log_every'):
+    if t[field] % t.steps_per_call:
+      raise ConfigError(f'invalid config: train.{field}={t[field]} must be a multiple of '
+                        f'train.steps_per_call={t.steps_per_call} (steps per compiled call).')
+  stop = t.stop_after
+  if isinstance(stop, bool) or not isinstance(stop, int) or stop < 0 or stop % t.steps_per_call:
+    raise ConfigError(f'invalid config: train.stop_after={stop!r} must be 0 (never) or a '
+                      f'multiple of train.steps_per_call={t.steps_per_call}.')
+  if isinstance(t.max_minutes, bool) or not (isinstance(t.max_minutes, (int, float))
+                                             and 0 <= t.max_minutes < float('inf')):
+    raise ConfigError(f'invalid config: train.max_minutes={t.max_minutes!r} must be a finite '
+                      'number >= 0 (0: no limit).')
+  if e.num_samples % e.batch_size:
+    raise ConfigError(f'invalid config: eval.num_samples={e.num_samples} must be a multiple of '
+                      f'eval.batch_size={e.batch_size} (their accuracy averages sub-batches).')
   if not t.min_length <= t.max_length:
     raise ConfigError(f'invalid config: train.min_length={t.min_length} > '
                       f'train.max_length={t.max_length}.')
@@ -106,12 +139,16 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise ConfigError(f'invalid config: eval.max_length={e.max_length} must be >= '
                       f'train.max_length + 2 = {t.max_length + 2} (the official score '
                       'starts at the second test length), eval.min_length >= 1.')
-  if not config.seeds or len(set(config.seeds)) != len(config.seeds):
-    raise ConfigError(f'invalid config: seeds={tuple(config.seeds)!r} must be distinct, '
+  if not study.seeds or len(set(study.seeds)) != len(study.seeds):
+    raise ConfigError(f'invalid config: study.seeds={tuple(study.seeds)!r} must be distinct, '
                       'at least one.')
-  if not config.learning_rates or any(not lr > 0 for lr in config.learning_rates):
-    raise ConfigError(f'invalid config: learning_rates={tuple(config.learning_rates)!r} '
+  if not study.learning_rates or any(not lr > 0 for lr in study.learning_rates):
+    raise ConfigError(f'invalid config: study.learning_rates={tuple(study.learning_rates)!r} '
                       'must be positive, at least one.')
+  if study.on_locked not in ('refuse', 'wait'):
+    raise ConfigError(f"invalid config: study.on_locked={study.on_locked!r}; choose 'refuse' "
+                      "or 'wait'.")
+  cluster.shard_of(config)
 
 
 def check_encoding(spec: str, config: ml_collections.ConfigDict) -> None:
@@ -121,9 +158,9 @@ def check_encoding(spec: str, config: ml_collections.ConfigDict) -> None:
     name, _ = parse_encoding_spec(spec)
     trainer.noise_kind(spec)
   except ValueError as err:
-    raise ConfigError(f'invalid config: encodings has {spec!r}: {err}') from None
+    raise ConfigError(f'invalid config: study.encodings has {spec!r}: {err}') from None
   if spec.partition(':')[2] not in ('', 'randomized'):
-    raise ConfigError(f'invalid config: encodings has {spec!r}: the encoder protocol takes '
+    raise ConfigError(f'invalid config: study.encodings has {spec!r}: the encoder protocol takes '
                       f"NAME or NAME:randomized (coupled positions are defined for the "
                       'decoder layout of the copy family and addition).')
   options = dict((config.model.get('encoding_options') or {}).get(name) or {})
@@ -138,8 +175,9 @@ def check_encoding(spec: str, config: ml_collections.ConfigDict) -> None:
 
 def settings(config: ml_collections.ConfigDict) -> list[tuple[str, str, float]]:
   """(task, encoding, learning rate) of every setting, tasks outermost."""
-  return [(task, enc, float(lr)) for task in config.tasks for enc in config.encodings
-          for lr in config.learning_rates]
+  study = config.study
+  return [(task, enc, float(lr)) for task in study.tasks for enc in study.encodings
+          for lr in study.learning_rates]
 
 
 def record_path(workdir: str, task: str, encoding: str, learning_rate: float) -> str:
@@ -192,34 +230,49 @@ def groups(config: ml_collections.ConfigDict) -> list[tuple[str, float, list[str
   """(encoding, learning rate, tasks) trained together: the config's tasks
   of one padded training shape (`layout.padded_slots`), in the config's order."""
   out = []
-  for encoding in config.encodings:
-    for lr in config.learning_rates:
+  for encoding in config.study.encodings:
+    for lr in config.study.learning_rates:
       by_shape = {}
-      for name in config.tasks:
+      for name in config.study.tasks:
         slots = layout.padded_slots(tasks.get_spec(name), config.train.max_length)
         by_shape.setdefault(slots, []).append(name)
       out += [(encoding, float(lr), names) for names in by_shape.values()]
   return out
 
 
-def run_group(programs, config, encoding, learning_rate, names, progress) -> list[dict]:
-  """Trains and evaluates every task of `names` × seed together -> a record each."""
+def group_name(encoding: str, learning_rate: float, names: list[str]) -> str:
+  """A group's name, 'ENCODING/lr_LR/TASK+TASK': its folder under
+  `groups/`, and what shards deal out."""
+  return os.path.join(encoding.replace(':', '+'), f'lr_{learning_rate:g}', '+'.join(names))
+
+
+def group_dir(workdir: str, encoding: str, learning_rate: float, names: list[str]) -> str:
+  """Where a group in training keeps its lock and checkpoints."""
+  return os.path.join(workdir, 'groups', group_name(encoding, learning_rate, names))
+
+
+def run_group(programs, config, encoding, learning_rate, names, progress, *,
+              checkpoint_dir=None, deadline=None) -> list[dict]:
+  """Trains and evaluates every task of `names` × seed together -> a record
+  each (checkpointed in `checkpoint_dir`, if given: `trainer.train`)."""
   group = [tasks.get_spec(n) for n in names]
+  seeds = list(config.study.seeds)
   begun = time.time()
-  graphdef, params, rest, trained_log = trainer.train(programs, group, encoding,
-                                                      list(config.seeds), learning_rate,
-                                                      progress)
+  graphdef, params, rest, trained_log = trainer.train(
+      programs, group, encoding, seeds, learning_rate, progress,
+      checkpoint_dir=checkpoint_dir, deadline=deadline)
   trained = time.time() - begun
   lengths = trainer.evaluation_lengths(config)
   records = []
   for task, task_params, train_accuracy in zip(group, params,
                                                trained_log['train_accuracy']):
+    raise_if_stopped(f'before evaluating {task.name} × {encoding} (training checkpointed)')
     evaluating = time.time()
     accuracies = trainer.evaluate(programs, task, encoding, graphdef, task_params, rest)
     per_seed = [protocol.run_scores(lengths, a, config.train.max_length) for a in accuracies]
     records.append(dict(
         task=task.name, level=task.level, encoding=encoding, learning_rate=learning_rate,
-        seeds=list(config.seeds), lengths=lengths, accuracies=accuracies.tolist(),
+        seeds=seeds, lengths=lengths, accuracies=accuracies.tolist(),
         per_seed=per_seed, scores=protocol.setting_scores(per_seed),
         train_accuracy=train_accuracy, trained_with=list(names), log=trained_log['log'],
         seconds=dict(train_group=trained, evaluate=time.time() - evaluating)))
@@ -227,46 +280,110 @@ def run_group(programs, config, encoding, learning_rate, names, progress) -> lis
 
 
 def run_suite(config: ml_collections.ConfigDict, workdir: str,
-              progress: Callable[[str], None] = print) -> list[dict]:
-  """Runs every setting not yet recorded, then writes the outputs; returns
-  the records, in the config's order of tasks, encodings, learning rates."""
+              progress: Callable[[str], None] = print) -> Optional[list[dict]]:
+  """Runs every setting of this job's shard not yet recorded, then, once
+  every setting of the config is recorded (by any job), writes the outputs
+  and returns the records in the config's order of tasks, encodings,
+  learning rates; returns None, after one line saying what is missing, when
+  settings of other shards are not recorded yet."""
   validate(config)
   check_workdir(config, workdir)
+  study = config.study
   os.makedirs(workdir, exist_ok=True)
   _write_json(os.path.join(workdir, 'config.json'),
               dict(identity=identity(config), config=config.to_dict()))
-  programs = trainer.Programs.for_tasks(config, [tasks.get_spec(t) for t in config.tasks])
-  found, begun, done = {}, time.time(), 0
+  with stop_requests():
+    found = _recorded(config, workdir, progress)
+    if not study.report_only:
+      _run_shard(config, workdir, found, progress)
+    missing = [s for s in settings(config) if s not in found]
+    if missing:
+      first = os.path.relpath(record_path(workdir, *missing[0]), workdir)
+      text = (f'{len(missing)} of {len(settings(config))} settings are not recorded yet '
+              f'(first: {first})')
+      if study.report_only:
+        raise ConfigError(f'study.report_only: {text}; train them first (the same command '
+                          'without study.report_only, or its shards).')
+      progress(f'{text}: the job that records the last one writes the outputs (or rerun '
+               'with --config.study.report_only=True).')
+      return None
+    records = [found[s] for s in settings(config)]
+    with locks.hold(workdir, wait=True, should_stop=raise_if_stopped, name='.outputs.lock'):
+      report.write_outputs(records, config, workdir)
+    return records
+
+
+def _recorded(config, workdir, progress) -> dict:
+  """The records of the config's settings found in `workdir`, by setting."""
+  found = {}
+  for setting in settings(config):
+    record = load_record(record_path(workdir, *setting), progress)
+    if record is not None:
+      found[setting] = record
+  if found:
+    total = len(settings(config))
+    progress(f'{len(found)} of {total} settings already recorded in {workdir}; running the '
+             f'other {total - len(found)}.')
+  return found
+
+
+def _run_shard(config, workdir, found: dict, progress) -> None:
+  """Trains, evaluates and records the unrecorded settings of this job's
+  groups (`cluster.shard_of`: groups dealt round-robin by name), adding
+  them to `found`. A group another job holds is left to it, or waited for."""
+  index, count = cluster.shard_of(config)
   todo = groups(config)
-  total = sum(len(names) for _, _, names in todo)
-  for encoding, lr, names in todo:
-    for name in names:
+  mine = set(cluster.shard_runs([group_name(*g) for g in todo], index, count))
+  if count > 1:
+    progress(f'shard {index} of {count}: {len(mine)} of the {len(todo)} groups')
+  owned = [(name, encoding, lr) for i, (encoding, lr, group) in enumerate(todo) if i in mine
+           for name in group]
+  programs = trainer.Programs.for_tasks(config, [tasks.get_spec(t) for t in config.study.tasks])
+  deadline = time_budget(config)
+  begun, done = time.time(), 0
+  for i, (encoding, lr, group) in enumerate(todo):
+    missing = [name for name in group if (name, encoding, lr) not in found]
+    if i not in mine or not missing:
+      continue
+    directory = group_dir(workdir, encoding, lr, missing)
+    try:
+      with locks.hold(directory, wait=locks.waits(config), log=progress,
+                      should_stop=raise_if_stopped):
+        _run_held(programs, config, workdir, found, encoding, lr, missing, directory,
+                  deadline, progress, f'[group {i + 1}/{len(todo)}]')
+    except locks.RunLocked as e:
+      progress(f'[group {i + 1}/{len(todo)}] {encoding} (lr {lr:g}) × {", ".join(missing)}: '
+               f'in training by {e.holder}; left to it')
+      continue
+    done += len(missing)
+    elapsed = time.time() - begun
+    left = sum(1 for setting in owned if setting not in found)
+    progress(f'  {len(found)}/{len(settings(config))} settings; {elapsed / 60:.1f} min so '
+             f'far, about {elapsed / done * left / 60:.1f} min left')
+
+
+def _run_held(programs, config, workdir, found, encoding, lr, missing, directory, deadline,
+              progress, prefix) -> None:
+  """One group, its lock held: records made meanwhile by another job are
+  read first (a group waited for), then the rest is trained and recorded."""
+  for name in missing:
+    if (name, encoding, lr) not in found:
       record = load_record(record_path(workdir, name, encoding, lr), progress)
       if record is not None:
         found[(name, encoding, lr)] = record
-  if found:
-    progress(f'{len(found)} of {total} settings already recorded in {workdir}; running the '
-             f'other {total - len(found)}.')
-  for i, (encoding, lr, names) in enumerate(todo):
-    missing = [name for name in names if (name, encoding, lr) not in found]
-    if not missing:
-      continue
-    progress(f'[group {i + 1}/{len(todo)}] {encoding} (lr {lr:g}) × {", ".join(missing)}; '
-             f'seeds {tuple(config.seeds)}')
-    for record in run_group(programs, config, encoding, lr, missing, progress):
-      _write_json(record_path(workdir, record['task'], encoding, lr), record)
-      found[(record['task'], encoding, lr)] = record
-      s = record['scores']['score_official']
-      progress(f'  {record["task"]} × {encoding}: score {100 * s["max"]:.1f}% (max over '
-               f'seeds; mean {100 * s["mean"]:.1f} ± {100 * s["std"]:.1f})')
-    done += len(missing)
-    left = total - len(found)
-    elapsed = time.time() - begun
-    progress(f'  {len(found)}/{total} settings; {elapsed / 60:.1f} min so far, about '
-             f'{elapsed / done * left / 60:.1f} min left')
-  records = [found[(t, e, float(lr))] for t, e, lr in settings(config)]
-  report.write_outputs(records, config, workdir)
-  return records
+  missing = [name for name in missing if (name, encoding, lr) not in found]
+  if not missing:
+    return
+  progress(f'{prefix} {encoding} (lr {lr:g}) × {", ".join(missing)}; seeds '
+           f'{tuple(config.study.seeds)}')
+  for record in run_group(programs, config, encoding, lr, missing, progress,
+                          checkpoint_dir=os.path.join(directory, 'checkpoints'),
+                          deadline=deadline):
+    _write_json(record_path(workdir, record['task'], encoding, lr), record)
+    found[(record['task'], encoding, lr)] = record
+    s = record['scores']['score_official']
+    progress(f'  {record["task"]} × {encoding}: score {100 * s["max"]:.1f}% (max over '
+             f'seeds; mean {100 * s["mean"]:.1f} ± {100 * s["std"]:.1f})')
 
 
 def _write_json(path: str, payload) -> None:

@@ -5,9 +5,17 @@ Training follows their `experiments/training.py`: Adam after clipping the
 gradients' global norm, one length per batch drawn uniformly from the
 training range (`UniformCurriculum`), dropout on. The seed draws the
 parameters and the data, as theirs seeds both. Every batch is a pure
-function of `(seed, step)`, made on device `chunk` steps at a time by the
-task's compiled generator; the compiled train step (a `scan` over the chunk)
-takes the batches as arrays, so tasks of one padded shape share it.
+function of `(seed, step)`, made on device `train.steps_per_call` steps at a
+time by the task's compiled generator; the compiled train step (a `scan`
+over those steps) takes the batches as arrays, so tasks of one padded shape
+share it.
+
+Because the data need nothing but `(seed, step)`, the whole state of a
+group in training is its parameters, the optimizer's state and the log so
+far: `train` checkpoints that (`train.checkpoint.Checkpointer`, every
+`train.checkpoint_every` steps, and before it stops for a signal,
+`train.stop_after` or the time budget), and a group restored from a
+checkpoint continues bit for bit as if it had never stopped.
 
 Shared shapes: every task is laid out with the suite's common vocabulary
 (the largest `input_size` + 1) and class count, its own classes marked by
@@ -18,7 +26,7 @@ then the official one for that task, with a few inert parameters, and one
 compiled program serves every task of a shape (`layout.padded_slots`).
 
 Evaluation follows `experiments/range_evaluation.py`: every length of the
-evaluation range, `samples` examples in sub-batches of `sub_batch`, the
+evaluation range, `eval.num_samples` examples in sub-batches of `eval.batch_size`, the
 accuracy at a length the mean of the sub-batches' (`protocol`), dropout off,
 randomized positions drawn as in training. Its data come from `eval.seed`
 only, so every seed, encoding and learning rate is scored on the same
@@ -38,7 +46,11 @@ from flax import nnx
 
 from attention_jax.lab.chomsky import layout
 from attention_jax.lab.chomsky import protocol
-from attention_jax.lab.train.interrupt import raise_if_stopped
+from attention_jax.lab.train.checkpoint import Checkpointer
+from attention_jax.lab.train.interrupt import TIME_BUDGET
+from attention_jax.lab.train.interrupt import TrainingInterrupted
+from attention_jax.lab.train.interrupt import stop_signal
+from attention_jax.lab.train.loop import out_of_time
 from attention_jax.lab.tasks.spec import TaskSpec
 from attention_jax.nn.encoder import TransformerEncoder
 from attention_jax.positional import parse_encoding_spec
@@ -125,7 +137,7 @@ class Programs:
     return _masked_logits(logits, batch['num_classes'][0])
 
   def train_data(self, task: TaskSpec, slots: int):
-    """jit (seeds int32 [S], start) -> batches `[S, chunk, …]`, one per step
+    """jit (seeds int32 [S], start) -> batches `[S, steps_per_call, …]`, one per step
     `start …`, and each step's noise and dropout keys."""
     t = self.config.train
 
@@ -139,7 +151,8 @@ class Programs:
                   dropout_key=jax.random.key_data(dropout_key))
 
     def make():
-      steps = lambda seed, start: jax.vmap(lambda i: one(seed, i))(start + jnp.arange(t.chunk))
+      steps = lambda seed, start: jax.vmap(lambda i: one(seed, i))(
+          start + jnp.arange(t.steps_per_call))
       return jax.jit(jax.vmap(steps, in_axes=(0, None)))
     return self._get(('train_data', task.name, slots), make)
 
@@ -169,16 +182,16 @@ class Programs:
     return self._get(('train_chunk', encoding, float(learning_rate), slots), make)
 
   def eval_data(self, task: TaskSpec, slots: int, padded: int):
-    """jit length -> the `samples // sub_batch` sub-batches at that length."""
+    """jit length -> the `num_samples // batch_size` sub-batches at that length."""
     e = self.config.eval
 
     def at(n):
       keys = jax.random.split(jax.random.fold_in(jax.random.key(e.seed), n),
-                              e.samples // e.sub_batch)
+                              e.num_samples // e.batch_size)
 
       def sub(k):
         data_key, noise_key = jax.random.split(k)
-        batch = layout.encoder_batch(task, data_key, n, batch_size=e.sub_batch,
+        batch = layout.encoder_batch(task, data_key, n, batch_size=e.batch_size,
                                      max_length=padded, slots=slots)
         return dict(batch, noise_key=jax.random.key_data(noise_key))
       return jax.vmap(sub)(keys)
@@ -213,52 +226,104 @@ class Programs:
 
 
 def optimizer(config: ml_collections.ConfigDict, learning_rate: float):
-  """Theirs: `optax.chain(clip_by_global_norm(max_grad_norm), adam(lr))`."""
-  return optax.chain(optax.clip_by_global_norm(config.train.max_grad_norm),
+  """Theirs: `optax.chain(clip_by_global_norm(max_grad_norm), adam(lr))`
+  (their `max_grad_norm` is our `train.grad_clip_norm`)."""
+  return optax.chain(optax.clip_by_global_norm(config.train.grad_clip_norm),
                      optax.adam(learning_rate))
 
 
 def train(programs: Programs, group: list[TaskSpec], encoding: str, seeds: list[int],
-          learning_rate: float, progress: Callable[[str], None] = print):
+          learning_rate: float, progress: Callable[[str], None] = print, *,
+          checkpoint_dir: Optional[str] = None, deadline: Optional[float] = None):
   """Trains one model per task of `group` (tasks of one padded shape,
   `layout.padded_slots`) and seed, all in one program: members task-major,
   `[len(group) · S, …]`. Each member's computation is its own (vmap); only
   the matrix products are batched. Returns (graphdef, params per task, each
-  `[S, …]`, rest, a dict: 'log', per chunk {'step', 'loss', 'accuracy'}, means over
-  members), and each task's last-chunk training accuracy per seed)."""
+  `[S, …]`, rest, a dict: 'log', per compiled call {'step', 'loss',
+  'accuracy'}, means over members), and each task's last-call training
+  accuracy per seed).
+
+  With `checkpoint_dir`, the group's state (module docstring) is restored
+  from the newest checkpoint there, saved every `train.checkpoint_every`
+  steps, and saved before a stop: a signal, the step `train.stop_after`, or
+  the time `deadline` (a `train.loop` clock time) raise `TrainingInterrupted`
+  after the save (exit status 128 + signal, 0, `TIME_BUDGET`)."""
   t = programs.config.train
-  if t.steps % t.chunk:
-    raise ValueError(f'train.steps={t.steps} must be a multiple of train.chunk={t.chunk}.')
+  if t.num_steps % t.steps_per_call:
+    raise ValueError(f'train.num_steps={t.num_steps} must be a multiple of '
+                     f'train.steps_per_call={t.steps_per_call}.')
   shapes = {layout.padded_slots(task, t.max_length) for task in group}
   if len(shapes) != 1:
     raise ValueError(f'tasks {[task.name for task in group]} have different padded shapes '
                      f'{sorted(shapes)}; train them in separate groups.')
   slots = shapes.pop()
   graphdef, params, rest = programs.models(encoding, list(seeds) * len(group))
-  tx, chunk = programs.train_chunk(graphdef, rest, encoding, learning_rate, slots)
-  opt_state = jax.vmap(tx.init)(params)
+  tx, call = programs.train_chunk(graphdef, rest, encoding, learning_rate, slots)
+  members, calls = len(seeds) * len(group), t.num_steps // t.steps_per_call
+  # Loss and accuracy of every member after every call: the log, kept in the
+  # checkpoint so that a resumed group reports what an unbroken one would.
+  state = dict(params=params, opt_state=jax.vmap(tx.init)(params),
+               loss=np.zeros((calls, members), np.float32),
+               accuracy=np.zeros((calls, members), np.float32))
+  checkpoints, start = None, 0
+  if checkpoint_dir:
+    checkpoints = Checkpointer(checkpoint_dir, every=t.checkpoint_every, keep=t.checkpoint_keep)
+    state, start = checkpoints.restore_latest(state)
+    if start:
+      progress(f'    resuming at step {start} from {checkpoint_dir}')
+      state['params'], state['opt_state'] = jax.tree.map(
+          jnp.asarray, (state['params'], state['opt_state']))
+  state['loss'], state['accuracy'] = np.array(state['loss']), np.array(state['accuracy'])
+  names = [task.name for task in group]
   seed_array = jnp.asarray(seeds, jnp.int32)
   classes = jnp.repeat(jnp.asarray([task.output_size for task in group], jnp.int32), len(seeds))
-  log, begun = [], time.time()
-  for start in range(0, t.steps, t.chunk):
-    parts = [programs.train_data(task, slots)(seed_array, start) for task in group]
-    batches = jax.tree.map(lambda *a: jnp.concatenate(a), *parts)
-    batches['num_classes'] = jnp.broadcast_to(classes[:, None, None], (len(classes), t.chunk, 1))
-    params, opt_state, loss, acc = chunk(params, opt_state, batches)
-    done = start + t.chunk
-    # A stop request (Ctrl-C, SIGTERM) ends the group here: its settings
-    # are not recorded, the recorded ones stay, the same command resumes.
-    raise_if_stopped(f'at step {done} of {[task.name for task in group]} × {encoding} '
-                     '(that group is rerun)')
-    log.append(dict(step=done, loss=float(jnp.mean(loss)), accuracy=float(jnp.mean(acc))))
-    if done % t.log_every == 0 or done == t.steps:
-      progress(f'    step {done}/{t.steps}: loss {log[-1]["loss"]:.3f}, train accuracy '
-               f'{log[-1]["accuracy"]:.3f} ({time.time() - begun:.0f}s)')
+  begun = time.time()
+  try:
+    for begin in range(start, t.num_steps, t.steps_per_call):
+      parts = [programs.train_data(task, slots)(seed_array, begin) for task in group]
+      batches = jax.tree.map(lambda *a: jnp.concatenate(a), *parts)
+      batches['num_classes'] = jnp.broadcast_to(classes[:, None, None],
+                                                (members, t.steps_per_call, 1))
+      state['params'], state['opt_state'], loss, acc = call(state['params'],
+                                                            state['opt_state'], batches)
+      done, i = begin + t.steps_per_call, begin // t.steps_per_call
+      state['loss'][i], state['accuracy'][i] = np.asarray(loss), np.asarray(acc)
+      if done % t.log_every == 0 or done == t.num_steps:
+        progress(f'    step {done}/{t.num_steps}: loss {float(jnp.mean(loss)):.3f}, train '
+                 f'accuracy {float(jnp.mean(acc)):.3f} ({time.time() - begun:.0f}s)')
+      _save_or_stop(checkpoints, state, done, t, deadline, f'{names} × {encoding}')
+  finally:
+    if checkpoints is not None:
+      checkpoints.close()
   s = len(seeds)
-  per_task = [jax.tree.map(lambda a, i=i: a[i * s:(i + 1) * s], params) for i in range(len(group))]
-  # Each task's training accuracy over its last chunk (dropout on), per seed.
-  last = np.asarray(acc).reshape(len(group), s)
+  per_task = [jax.tree.map(lambda a, i=i: a[i * s:(i + 1) * s], state['params'])
+              for i in range(len(group))]
+  log = [dict(step=(i + 1) * t.steps_per_call, loss=float(jnp.mean(state['loss'][i])),
+              accuracy=float(jnp.mean(state['accuracy'][i]))) for i in range(calls)]
+  # Each task's training accuracy over its last call (dropout on), per seed.
+  last = state['accuracy'][-1].reshape(len(group), s)
   return graphdef, per_task, rest, dict(log=log, train_accuracy=last.tolist())
+
+
+def _save_or_stop(checkpoints: Optional[Checkpointer], state: dict, done: int,
+                  t: ml_collections.ConfigDict, deadline: Optional[float], what: str) -> None:
+  """Saves the state after `done` steps when due; on a stop (signal,
+  `train.stop_after`, the time budget) saves it and raises
+  `TrainingInterrupted` saying what was kept."""
+  signum, timed_out = stop_signal(), out_of_time(deadline)
+  stopping = signum or done == t.stop_after or timed_out
+  if checkpoints is not None:
+    checkpoints.maybe_save(done, state, force=bool(stopping) and done < t.num_steps)
+  if not stopping or done == t.num_steps:
+    return
+  kept = (f'checkpointed at step {done} in {checkpoints.directory}'
+          if checkpoints is not None else 'not checkpointed: that group is rerun')
+  why = (f'signal {signum}' if signum else
+         f'train.max_minutes={t.max_minutes:g} (this invocation\'s time budget)' if timed_out
+         else 'train.stop_after')
+  status = (TIME_BUDGET,) if timed_out and not signum else ()
+  raise TrainingInterrupted(f'stopped by {why} at step {done} of {what} ({kept}); run the same '
+                            'command again to resume.', signum, *status)
 
 
 def evaluation_lengths(config: ml_collections.ConfigDict) -> list[int]:

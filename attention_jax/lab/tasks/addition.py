@@ -46,6 +46,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from attention_jax.lab.tasks.batches import BOS, EOS, NUM_SPECIAL, PAD, SEP
 
@@ -150,7 +151,11 @@ class Addition:
     """`BOS a + b = s EOS PAD …` int32 `[B, sequence_length]` and its output
     tokens (s and EOS), bool, same shape. `vocab_size` is unused (decimal)."""
     del vocab_size
-    a, b, s, la, lb, ls = self.numbers(key, lengths, max_length)
+    return self._layout(*self.numbers(key, lengths, max_length), key, max_length)
+
+  def _layout(self, a, b, s, la, lb, ls, key, max_length: int):
+    """`example`'s layout of `numbers`' digits and lengths; `key` draws the
+    index hints' start."""
     w, total = self.width, self.sequence_length(max_length)
     p = jnp.arange(total, dtype=jnp.int32)[None]
     plus = 1 + w * la[:, None]
@@ -178,6 +183,39 @@ class Addition:
         [BOS, ra[0], PLUS, rb[0], SEP, rs[0], EOS], PAD).astype(jnp.int32)
     is_output = (p > equals) & (p <= ends_s + 1)
     return tokens, is_output
+
+  def encode(self, a, b, vocab_size: int = 10, key=None):
+    """One example of `a + b` (integers >= 0), laid out as `example` lays
+    out a drawn one with `key` (the hint markers' start; default
+    `jax.random.key(0)`), with placeholders in the sum's slots, as many as
+    its longest possible length (a decoder writes them itself): int32
+    tokens and bool output slots `[1, T]`, and the operand lengths `[1, 2]`."""
+    del vocab_size
+    for name, v in (('a', a), ('b', b)):
+      if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+        raise ValueError(f'addition: {name}={v!r} must be an integer >= 0 (the operands of '
+                         'a + b, e.g. predict(123, 456)).')
+    digits = [[int(d) for d in reversed(str(int(v)))] for v in (a, b)]
+    la, lb = (len(d) for d in digits)
+    top = max(la, lb)
+    pad = lambda d, n: jnp.asarray([d + [0] * (n - len(d))], jnp.int32)
+    ls = jnp.full((1,), top + 1, jnp.int32)
+    la_, lb_ = ((ls - 1, ls - 1) if self.pad_zeros else
+                (jnp.full((1,), la, jnp.int32), jnp.full((1,), lb, jnp.int32)))
+    tokens, is_output = self._layout(pad(digits[0], top), pad(digits[1], top),
+                                     jnp.zeros((1, top + 1), jnp.int32), la_, lb_, ls,
+                                     jax.random.key(0) if key is None else key, top)
+    return tokens, is_output, jnp.asarray([[la, lb]], jnp.int32)
+
+  def decode(self, output_tokens, vocab_size: int = 10):
+    """The sum (an int) a decoder wrote in its tokens before EOS (least
+    significant digit first; with index hints, a marker before each digit),
+    or None when they are not digits in that layout."""
+    del vocab_size
+    digits = [int(t) for t in output_tokens][self.width - 1::self.width]
+    if not digits or any(not DIGIT0 <= t < DIGIT0 + 10 for t in digits):
+      return None
+    return int(''.join(str(t - DIGIT0) for t in reversed(digits)))
 
   def coupled_positions(self, tokens, lengths, offset) -> jax.Array:
     """int32 `[B, T]` coupled ids (module docstring) of `example`'s `tokens`

@@ -19,6 +19,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from attention_jax.lab.tasks import coupling
 from attention_jax.lab.tasks.batches import BOS
@@ -85,7 +86,11 @@ class DecoderTask:
   def example(self, key, lengths, vocab_size: int, max_length: int):
     """`BOS x SEP y EOS PAD …` int32 `[B, sequence_length]`, and its output
     tokens (y and EOS), bool, same shape."""
-    x, y, nx, ny = self.symbols(key, lengths, vocab_size, max_length)
+    return self._layout(*self.symbols(key, lengths, vocab_size, max_length), max_length)
+
+  def _layout(self, x, y, nx, ny, max_length: int):
+    """`example`'s layout of token ids x `[B, input_length(N)]` and y `[B,
+    output_length(N)]`, of real lengths nx, ny `[B, 1]`."""
     b = x.shape[0]
     p = jnp.arange(self.sequence_length(max_length), dtype=jnp.int32)[None, :]
     x_at = jnp.take_along_axis(
@@ -96,6 +101,35 @@ class DecoderTask:
         [p == 0, p <= nx, p == nx + 1, p < nx + 2 + ny, p == nx + 2 + ny],
         [BOS, x_at, SEP, y_at, EOS], PAD).astype(jnp.int32)
     return tokens, (p >= nx + 2) & (p <= nx + 2 + ny)
+
+  def encode(self, inputs, vocab_size: int, key=None):
+    """One example of the given input symbols (a sequence of ints in
+    [0, input_size)), laid out as `example` lays out a drawn one, with
+    placeholders in the output slots (a decoder writes them itself): int32
+    tokens and bool output slots `[1, T]`, and its length `[1]`. `key` is
+    unused: nothing but the input is drawn."""
+    del key
+    spec = self.spec.with_alphabet(vocab_size)
+    x = _symbols(inputs, spec.input_size, f'{self.name} input')
+    n = next((n for n in range(1, len(x) + 1) if int(spec.input_length(n)) == len(x)), None)
+    if n is None:
+      takes = sorted({int(spec.input_length(k)) for k in range(1, len(x) + 2)})
+      raise ValueError(f'{self.name}: an input of {len(x)} symbols is not one of its input '
+                       f'lengths ({", ".join(map(str, takes))}, …).')
+    ny = int(spec.output_length(n))
+    first_class = NUM_SPECIAL + (0 if spec.copies_inputs else spec.input_size)
+    tokens, is_output = self._layout(
+        NUM_SPECIAL + jnp.asarray([x], jnp.int32), jnp.full((1, ny), first_class, jnp.int32),
+        jnp.full((1, 1), len(x), jnp.int32), jnp.full((1, 1), ny, jnp.int32), n)
+    return tokens, is_output, jnp.full((1,), n, jnp.int32)
+
+  def decode(self, output_tokens, vocab_size: int):
+    """The output symbols (a list of ints) of a decoder's tokens before EOS,
+    or None when one of them is not an output symbol."""
+    spec = self.spec.with_alphabet(vocab_size)
+    first_class = NUM_SPECIAL + (0 if spec.copies_inputs else spec.input_size)
+    classes = [int(t) - first_class for t in output_tokens]
+    return classes if all(0 <= c < spec.output_size for c in classes) else None
 
   def coupled_positions(self, tokens, lengths, offset):
     self._check_coupled()
@@ -113,3 +147,15 @@ class DecoderTask:
     if not self.spec.copies_inputs:
       raise ValueError(f'invalid config: coupled positions (:coupled) are defined for copy, '
                        f'reverse, duplicate and addition, not for {self.name}.')
+
+
+def _symbols(values, size: int, what: str) -> list[int]:
+  """`values` as a list of ints in [0, size); a ValueError names the first
+  that is not (an empty list, a float, a token out of range)."""
+  values = list(values) if not isinstance(values, (str, bytes)) else None
+  if not values:
+    raise ValueError(f'{what}: expected a non-empty sequence of integers in [0, {size}).')
+  for v in values:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v < size:
+      raise ValueError(f'{what}: {v!r} is not a symbol; symbols are integers in [0, {size}).')
+  return [int(v) for v in values]

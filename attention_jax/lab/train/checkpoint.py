@@ -2,7 +2,9 @@
 
 The state saved is the (model, optimizer) NNX state as a pure dict of arrays
 plus the step; the data stream needs nothing else, since batch `step` is a
-function of `(seed, step)`. Orbax writes each checkpoint to a temporary
+function of `(seed, step)`. Any other pytree of arrays (the suite's stacked
+parameters, optimizer state and log) is saved as the list of its leaves and
+restored into the structure of the pytree given. Orbax writes each checkpoint to a temporary
 folder and renames it when complete, so a checkpoint interrupted half-way is
 never picked up by `restore_latest`. A complete one damaged afterwards (a
 truncated file: a full disk, a copy cut short) is reported by path and
@@ -38,6 +40,14 @@ def _one_at_a_time(method):
   return locked
 
 
+def _pure(state):
+  """What orbax stores: an NNX state's pure dict, or any other pytree's
+  leaves in a dict keyed by their place in `jax.tree.leaves`."""
+  if isinstance(state, nnx.State):
+    return nnx.to_pure_dict(state)
+  return {f'{i:06d}': leaf for i, leaf in enumerate(jax.tree.leaves(state))}
+
+
 def _first_line(error: Exception) -> str:
   text = str(error).strip().splitlines()
   return f'{type(error).__name__}: {text[0][:200] if text else ""}'
@@ -55,8 +65,7 @@ class Checkpointer:
             max_to_keep=keep, create=True, enable_async_checkpointing=False))
 
   @_one_at_a_time
-  def restore_latest(self, state: nnx.State, *, set_aside: bool = True
-                     ) -> tuple[nnx.State, int]:
+  def restore_latest(self, state, *, set_aside: bool = True) -> tuple:
     """`(state, step)` from the newest checkpoint that reads back, or
     `(state, 0)` with `state` untouched if none does.
 
@@ -64,7 +73,7 @@ class Checkpointer:
     moved to `checkpoints.damaged/STEP` (kept for inspection; out of orbax's
     sight, so the run saves that step again when it gets there).
     """
-    pure = nnx.to_pure_dict(state)
+    pure = _pure(state)
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, pure)
     damaged, restored, step = [], None, 0
     for candidate in sorted(self.manager.all_steps(), reverse=True):
@@ -93,11 +102,15 @@ class Checkpointer:
           shutil.rmtree(target, ignore_errors=True)  # an older damaged copy of that step
           shutil.move(os.path.join(self.directory, str(s)), target)
         self.manager.reload()
-    if restored is not None:
+    if restored is None:
+      return state, step
+    if isinstance(state, nnx.State):
       nnx.replace_by_pure_dict(state, restored)
-    return state, step
+      return state, step
+    leaves = [restored[key] for key in sorted(restored)]
+    return jax.tree.unflatten(jax.tree.structure(state), leaves), step
 
-  def maybe_save(self, step: int, state: nnx.State, *, force: bool = False) -> bool:
+  def maybe_save(self, step: int, state, *, force: bool = False) -> bool:
     """Saves the state reached after `step` steps if due (or `force`)."""
     with _ORBAX:
       return self._maybe_save(step, state, force)
@@ -107,7 +120,7 @@ class Checkpointer:
       return False
     if self.manager.latest_step() == step:
       return False
-    pure = nnx.to_pure_dict(state)
+    pure = _pure(state)
     if jax.process_count() == 1:
       pure = jax.device_get(pure)  # host copies: the next step may donate the buffers
     self.manager.save(step, args=ocp.args.StandardSave(pure))
