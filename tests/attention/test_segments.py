@@ -10,6 +10,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from absl.testing import absltest
 from absl.testing import parameterized
 from jax.experimental.pallas import tpu as pltpu
@@ -262,6 +263,94 @@ class SplashSegmentsTest(chex.TestCase):
     np.testing.assert_array_equal(np.asarray(out[:, t - 20:]), 0.0)  # padded queries
     chex.assert_trees_all_close(out, ref(q, k, v), atol=1e-5)
     chex.assert_trees_all_close(_grads(f, q, k, v), _grads(ref, q, k, v), atol=1e-5)
+
+
+CAP = 1.5  # below the scores' spread (|s| up to ~3 here), so the tanh bends them
+SINKS = jnp.array([0.7, -1.2])  # one logit per query head (H = 2)
+
+
+def _sink_loss(f):
+  """A loss of (q, k, v, sinks) through `f(q, k, v, sinks)`."""
+  return lambda q, k, v, sinks: jnp.sum(jnp.sin(f(q, k, v, sinks).astype(jnp.float32)))
+
+
+def _sink_grads(f, *args):
+  return jax.grad(_sink_loss(f), argnums=(0, 1, 2, 3))(*args)
+
+
+class SoftCapSinksSegmentsTest(chex.TestCase, parameterized.TestCase):
+  """Segment ids with Gemma 2's soft cap and gpt-oss's sink logits: a packed
+  row with both gives each document what it gives alone with both, in
+  outputs and in the gradients of q, k, v and the sink logits (a packed
+  loss is the sum of the documents' losses, so its sink gradient is the
+  sum of theirs)."""
+
+  def _check_against_each_document(self, packed, causal):
+    q, k, v = _qkv(h_kv=1)
+    out, grads = packed(q, k, v, SINKS), _sink_grads(packed, q, k, v, SINKS)
+    alone = lambda q, k, v, sinks: aj.scaled_dot_product_attention(
+        q, k, v, causal=causal, implementation='dense', logit_soft_cap=CAP, sinks=sinks)
+    start, d_sinks = 0, jnp.zeros_like(SINKS)
+    for length in LENGTHS:
+      doc = [x[:, start:start + length] for x in (q, k, v)]
+      chex.assert_trees_all_close(out[:, start:start + length], alone(*doc, SINKS),
+                                  atol=1e-5)
+      doc_grads = _sink_grads(alone, *doc, SINKS)
+      chex.assert_trees_all_close([g[:, start:start + length] for g in grads[:3]],
+                                  list(doc_grads[:3]), atol=1e-5)
+      d_sinks = d_sinks + doc_grads[3]
+      start += length
+    chex.assert_trees_all_close(grads[3], d_sinks, atol=1e-5)
+    self.assertGreater(float(jnp.abs(grads[3]).min()), 1e-3)  # the sinks do take part
+
+  @parameterized.product(kernel=tuple(KERNELS), causal=(True, False))
+  def test_segments_with_soft_cap_and_sinks_equal_each_document_alone(self, kernel, causal):
+    ids = jnp.asarray(_ids()[None])
+    packed = lambda q, k, v, sinks: _attend(
+        kernel, causal=causal, segment_ids=ids, logit_soft_cap=CAP, sinks=sinks)(q, k, v)
+    self._check_against_each_document(packed, causal)
+
+  @parameterized.product(name=('pallas_gpu', 'pallas_tpu'), causal=(True, False))
+  @pytest.mark.slow  # interpret mode, forward and backward: ~10 s each on 2 CPU cores
+  def test_segments_with_soft_cap_and_sinks_pallas_equal_each_document_alone(self, name,
+                                                                             causal):
+    ids = (_ids()[None],) * 2
+    packed = lambda q, k, v, sinks: _pallas(
+        name, causal=causal, segment_ids=ids, logit_soft_cap=CAP, sinks=sinks)(q, k, v)
+    self._check_against_each_document(packed, causal)
+
+  @parameterized.parameters(*KERNELS)
+  def test_segments_padded_queries_with_sinks_give_zeros_not_nan(self, kernel):
+    # A padded query meets no key: the sink takes all its weight, out = 0.
+    real = jnp.asarray((np.arange(T) < T - 6)[None])
+    q_ids, kv_ids = padding_ids(jnp.asarray(_ids()[None]), real)
+    q, k, v = _qkv()
+    f = lambda q, k, v, sinks: _attend(
+        kernel, causal=True, segment_ids=q_ids, kv_segment_ids=kv_ids, logit_soft_cap=CAP,
+        sinks=sinks)(q, k, v)
+    out, grads = f(q, k, v, SINKS), _sink_grads(f, q, k, v, SINKS)
+    self.assertTrue(all(bool(jnp.isfinite(g).all()) for g in (out, *grads)))
+    np.testing.assert_array_equal(np.asarray(out[:, T - 6:]), 0.0)
+
+  @pytest.mark.slow  # splash interpreted over 256 tokens, forward and backward
+  def test_segments_with_soft_cap_and_sinks_splash_equals_dense(self):
+    t = 256
+    ids = jnp.asarray(np.stack([np.repeat([0, 1, 2], [70, 130, 56]), np.arange(t) % 3]),
+                      jnp.int32)
+    q_ids, kv_ids = padding_ids(ids, jnp.asarray(np.arange(t) < t - 20)[None].repeat(2, 0))
+    q, k, v = _qkv(b=2, t=t, h_kv=1)
+    f = lambda q, k, v, sinks: splash_kernel(
+        q, k, v, mask=None, scores=(), causal=True, window=None, kv_lengths=None,
+        return_weights=False, segment_ids=(q_ids, kv_ids), interpret=True, block_size=128,
+        logit_soft_cap=CAP, sinks=sinks)[0]
+    ref = lambda q, k, v, sinks: aj.scaled_dot_product_attention(
+        q, k, v, causal=True, segment_ids=q_ids, kv_segment_ids=kv_ids,
+        implementation='dense', logit_soft_cap=CAP, sinks=sinks)
+    out = f(q, k, v, SINKS)
+    np.testing.assert_array_equal(np.asarray(out[:, t - 20:]), 0.0)  # padded queries
+    chex.assert_trees_all_close(out, ref(q, k, v, SINKS), atol=1e-5)
+    chex.assert_trees_all_close(_sink_grads(f, q, k, v, SINKS),
+                                _sink_grads(ref, q, k, v, SINKS), atol=1e-5)
 
 
 class PerDeviceSegmentsTest(parameterized.TestCase):
