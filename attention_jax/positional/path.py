@@ -98,14 +98,25 @@ def _project(x, kernel):
                     jnp.asarray(kernel, jnp.float32), precision=HIGHEST)
 
 
-def short_convolution(x: jnp.ndarray, kernel: jnp.ndarray) -> jnp.ndarray:
+def short_convolution(x: jnp.ndarray, kernel: jnp.ndarray,
+                      segment_ids: Optional[jnp.ndarray] = None) -> jnp.ndarray:
   """FLA's `ShortConvolution` without bias, then SiLU: a depthwise causal
   convolution over the length axis, y_t = Σ_m kernel[m] · x_{t−K+1+m} (zeros
-  before the start). x float32 `[B, T, F]`, kernel `[K, F]` -> `[B, T, F]`."""
+  before the start). x float32 `[B, T, F]`, kernel `[K, F]` -> `[B, T, F]`.
+  With segment ids int `[B, T]` (packed documents), a tap on another
+  document's token reads zero, as before the start: each document's w is
+  what it is alone (FLA resets the convolution at each `cu_seqlens` start)."""
   width = kernel.shape[0]
   padded = jnp.pad(x, ((0, 0), (width - 1, 0), (0, 0)))
   t = x.shape[1]
-  y = sum(padded[:, m:m + t] * kernel[m] for m in range(width))
+  if segment_ids is None:
+    y = sum(padded[:, m:m + t] * kernel[m] for m in range(width))
+    return jax.nn.silu(y)
+  ids = jnp.asarray(segment_ids, jnp.int32)
+  # Before the start: an id no token has, so the tap reads zero there too.
+  padded_ids = jnp.pad(ids, ((0, 0), (width - 1, 0)), constant_values=jnp.iinfo(jnp.int32).min)
+  y = sum(jnp.where((padded_ids[:, m:m + t] == ids)[..., None], padded[:, m:m + t], 0.0)
+          * kernel[m] for m in range(width))
   return jax.nn.silu(y)
 
 
@@ -216,13 +227,15 @@ class PaTH(PositionalEncoding):
                                       + self.gate_bias[...]))
     return jnp.concatenate(parts, -1)
 
-  def householder(self, k_features: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
+  def householder(self, k_features: jnp.ndarray,
+                  segment_ids: Optional[jnp.ndarray] = None) -> tuple[jnp.ndarray, jnp.ndarray]:
     """The keys' features `[B, T_k, F]` -> (w `[B, T_k, H_kv, D]` unit
-    vectors, β `[B, T_k, H_kv]`); the convolution runs over the T_k slots."""
+    vectors, β `[B, T_k, H_kv]`); the convolution runs over the T_k slots,
+    within each document when the keys' segment ids `[B, T_k]` are given."""
     g, d = self.num_kv_heads, self.head_dim
     w = k_features[..., :g * d]
     if self.w_conv is not None:
-      w = short_convolution(w, jnp.asarray(self.w_conv[...], jnp.float32))
+      w = short_convolution(w, jnp.asarray(self.w_conv[...], jnp.float32), segment_ids)
     w = l2_normalize(w.reshape(*w.shape[:2], g, d))
     return w, k_features[..., g * d:g * d + g]
 
@@ -240,7 +253,10 @@ class PaTH(PositionalEncoding):
     if context.q.shape[-1] != self.head_dim:
       raise ValueError(f'{self._name}: built for head_dim {self.head_dim}, the call\'s q is '
                        f'{context.q.shape}.')
-    w, beta = self.householder(context.k_features)
+    # The transforms between a key and a query of one document are that
+    # document's (the segment mask hides the rest); only the convolution
+    # reaches across a boundary, so it is cut there.
+    w, beta = self.householder(context.k_features, context.k_segment_ids)
     slots = context.q_slots
     full = is_arange(slots) and len(slots) == context.k.shape[1] == context.q.shape[1]
     transform = HouseholderScores(context.q, context.k, w, beta,
