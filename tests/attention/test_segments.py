@@ -18,6 +18,7 @@ from jax.experimental.pallas import tpu as pltpu
 import attention_jax as aj
 from attention_jax.attention import dispatch
 from attention_jax.attention.pallas_gpu import pallas_gpu_attention
+from attention_jax.attention.path import HouseholderScores
 from attention_jax.attention.pallas_tpu import pallas_tpu_attention
 from attention_jax.attention.splash import splash_kernel
 from attention_jax.attention.segments import PADDED_KEY
@@ -427,6 +428,26 @@ class SegmentRefusalTest(parameterized.TestCase):
       self.assertEqual(dispatch.select_implementation('auto', request, backend='cpu'),
                        expected)
 
+
+  def test_segments_path_blockwise_refuses_them_and_auto_takes_dense(self):
+    request = dispatch.Request(t_k=512, dtype=jnp.float32, head_dim=8, causal=True,
+                               scores=(HouseholderScores,), segment_ids=True)
+    self.assertEqual(dispatch.obstacles('path_blockwise', request, backend='cpu'),
+                     ["segment_ids= (packed documents: it builds no segment mask; "
+                      "'splash', 'pallas_tpu', 'pallas_gpu', 'chunked', 'dense' "
+                      "serve them)"])
+    self.assertEqual(dispatch.select_implementation('auto', request, backend='cpu'), 'dense')
+    without = dispatch.Request(t_k=512, dtype=jnp.float32, head_dim=8, causal=True,
+                               scores=(HouseholderScores,))
+    self.assertEqual(dispatch.select_implementation('auto', without, backend='cpu'),
+                     'path_blockwise')
+
+  def test_segments_with_soft_cap_and_sinks_auto_picks_a_row_serving_all(self):
+    for t_k, expected in ((64, 'dense'), (512, 'chunked')):
+      request = dispatch.Request(t_k=t_k, dtype=jnp.float32, head_dim=8, causal=True,
+                                 segment_ids=True, soft_cap=True, sinks=True)
+      self.assertEqual(dispatch.select_implementation('auto', request, backend='cpu'),
+                       expected)
 
 if __name__ == '__main__':
   absltest.main()
