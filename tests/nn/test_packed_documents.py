@@ -93,6 +93,13 @@ class PackedDocumentsTest(chex.TestCase, parameterized.TestCase):
   def test_packed_documents_equal_each_alone_on_chunked_slow(self, encoding):
     _check_packed_equals_alone(*_model(encoding, implementation='chunked'), _tokens())
 
+  # Gemma 2's soft cap and gpt-oss's sink logits on every layer: the packed
+  # row's gradients, the sink logits' among them, are the documents' summed.
+  @parameterized.named_parameters(('dense', 'dense'), ('chunked', 'chunked'))
+  def test_packed_documents_with_soft_cap_and_sinks(self, implementation):
+    _check_packed_equals_alone(*_model('rope', implementation=implementation,
+                                       logit_soft_cap=2.0, sinks=True), _tokens())
+
   # ALiBi's LinearBias is on token indices: with static positions 0 … T-1
   # (not restarting) it is exact for contiguous documents, since it reads
   # only i - j, and the blockwise kernel builds it.
