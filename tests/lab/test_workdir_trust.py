@@ -292,7 +292,7 @@ class ConfigErrorTest(parameterized.TestCase):
   @parameterized.parameters(
       (dict(model__attention_implementation='flash'), "model.attention_implementation='flash': "
        r"choose one of \('cudnn', 'splash', 'pallas_tpu', 'pallas_gpu', 'chunked', "
-       r"'tpu_flash', 'dense', 'auto'\)"),
+       r"'path_blockwise', 'tpu_flash', 'dense', 'auto'\)"),
       (dict(model__encoding='t5', model__attention_implementation='chunked'),
        "model.attention_implementation='chunked' with 't5': .*not linear"),
       (dict(model__encoding='kerple', model__attention_implementation='chunked'), "with 'kerple'"),
