@@ -292,6 +292,9 @@ def train(programs: Programs, group: list[TaskSpec], encoding: str, seeds: list[
         progress(f'    step {done}/{t.num_steps}: loss {float(jnp.mean(loss)):.3f}, train '
                  f'accuracy {float(jnp.mean(acc)):.3f} ({time.time() - begun:.0f}s)')
       _save_or_stop(checkpoints, state, done, t, deadline, f'{names} × {encoding}')
+      if not np.isfinite(state['loss'][:i + 1]).all(axis=0).any():
+        progress(f'    step {done}: every member diverged (non-finite loss); stopped')
+        break  # nothing left to train: the checkpoints so far are kept
   finally:
     if checkpoints is not None:
       checkpoints.close()
@@ -302,7 +305,20 @@ def train(programs: Programs, group: list[TaskSpec], encoding: str, seeds: list[
               accuracy=float(jnp.mean(state['accuracy'][i]))) for i in range(calls)]
   # Each task's training accuracy over its last call (dropout on), per seed.
   last = state['accuracy'][-1].reshape(len(group), s)
-  return graphdef, per_task, rest, dict(log=log, train_accuracy=last.tolist())
+  return graphdef, per_task, rest, dict(log=log, train_accuracy=last.tolist(),
+                                        diverged_at=diverged_steps(state['loss'], t))
+
+
+def diverged_steps(loss: np.ndarray, t: ml_collections.ConfigDict) -> list:
+  """Per member (task-major, as `train` lays them out): None, or the step
+  that ends the first compiled call whose mean loss is NaN or infinite (the
+  loss is read after every call; the log holds it, so a resumed group
+  finds the same). A diverged member trains on inside the program (vmap
+  keeps members apart) until every member has diverged; its scores are left
+  out of the setting's (`protocol.setting_scores`)."""
+  bad = ~np.isfinite(loss)
+  return [int((np.argmax(bad[:, m]) + 1) * t.steps_per_call) if bad[:, m].any() else None
+          for m in range(loss.shape[1])]
 
 
 def _save_or_stop(checkpoints: Optional[Checkpointer], state: dict, done: int,
