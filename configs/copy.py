@@ -41,6 +41,7 @@ Any field can be overridden: `--config.model.num_heads=8`.
 import ml_collections
 
 from attention_jax.lab import preset_arguments
+from attention_jax.lab import entries
 from attention_jax.lab.entries import entry_config
 
 # Named variants of the default model (study.variants): an entry (or
@@ -264,6 +265,7 @@ def get_config(arg=None):
                    steps_per_call=1)
     c.eval.update(max_length=8, num_samples=4, batch_size=4, rope_scalings=())
     c.study.seeds = (0,)
+    c.study.variants = ml_collections.ConfigDict(entries.tiny_variants(VARIANTS))
     c.progress = False
   if preset['study'] == 'generalize' and preset['scale'] == 'cpu':
     c.eval.lengths = (1, 2, 4, 8, 10, 16, 32, 64)  # the checkpoints that matter, not every length

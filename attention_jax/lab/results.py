@@ -8,14 +8,17 @@ import numpy as np
 
 FIELDS = ('task', 'encoding', 'seed', 'length', 'token_accuracy', 'exact_match',
           'generated_exact_match', 'generation_agreement', 'config_hash', 'version',
-          'diverged_at')
+          'diverged_at', 'num_steps')
 PROVENANCE = ('config_hash', 'version')  # added in 0.1.0; older files lack them
 # Only when evaluated by generation (empty otherwise; older files lack them).
 GENERATION = ('generated_exact_match', 'generation_agreement')
 # The step at which the run's training loss became non-finite (`train.divergence`);
 # empty for a run that did not diverge (older files lack the column).
 DIVERGED = 'diverged_at'
-OPTIONAL = GENERATION + (DIVERGED,)
+# The run's train.num_steps: entries of one table may have had different
+# budgets (a variant's own), which the tables then show (older files lack it).
+STEPS = 'num_steps'
+OPTIONAL = GENERATION + (DIVERGED, STEPS)
 MULTIPLES = (2, 4, 8)  # summary columns: accuracy at these multiples of L_train
 
 
@@ -52,8 +55,9 @@ def read_rows(path: str) -> list[dict]:
     for field in GENERATION:
       value = row.setdefault(field, '')
       row[field] = float(value) if value not in ('', None) else None
-    value = row.setdefault(DIVERGED, '')
-    row[DIVERGED] = int(value) if value not in ('', None) else None
+    for field in (DIVERGED, STEPS):
+      value = row.setdefault(field, '')
+      row[field] = int(value) if value not in ('', None) else None
     if row.keys() != set(FIELDS):
       raise ValueError(f'{path}: columns {sorted(row)} are not the schema {list(FIELDS)}.')
     row['seed'], row['length'] = int(row['seed']), int(row['length'])
@@ -103,6 +107,20 @@ def seeds_cell(rows: Sequence[dict]) -> str:
           f"{'s' if len(steps) > 1 else ''} {at}")
 
 
+def steps_by_entry(rows: Sequence[dict]) -> dict:
+  """{encoding: its training steps ('1,600', or '5, 3,000' for runs that
+  differ)} when the rows' entries had different step budgets; {} when they
+  all had the same (or the rows do not say), so a table shows the column
+  only where it tells something."""
+  found = {}
+  for r in rows:
+    if r.get(STEPS) is not None:
+      found.setdefault(r['encoding'], set()).add(r[STEPS])
+  if len({n for steps in found.values() for n in steps}) <= 1:
+    return {}
+  return {enc: ', '.join(f'{n:,}' for n in sorted(steps)) for enc, steps in found.items()}
+
+
 def _cell(values: Sequence[float]) -> str:
   if not values:
     return '—'
@@ -126,10 +144,16 @@ def summary_markdown(rows: Sequence[dict], train_min: int, train_max: int) -> st
                 '| ' + ' | '.join(header) + ' |',
                 '|' + '---|' * len(header)]
       encodings = list(dict.fromkeys(r['encoding'] for r in rows if r['task'] == task))
+      steps = steps_by_entry([r for r in rows if r['task'] == task])
+      if steps:  # budgets differ: each entry's, beside its seeds
+        lines[-2:] = ['The entries were trained for different numbers of steps (the steps '
+                      'column): compare them knowing that.', '',
+                      '| ' + ' | '.join(header[:2] + ['steps'] + header[2:]) + ' |',
+                      '|' + '---|' * (len(header) + 1)]
       for enc in encodings:
         sel = [dict(r, value=r[metric]) for r in rows
                if r['task'] == task and r['encoding'] == enc]
-        seeds = seeds_cell(sel)
+        seeds = seeds_cell(sel) + (f" | {steps.get(enc, '?')}" if steps else '')
         sel, _ = split_diverged(sel)  # out of the means, counted in the seeds column
         in_range = set(range(1, train_max + 1))
         cells = [_cell(_per_seed(sel, in_range))] + [
@@ -210,6 +234,13 @@ def comparison_markdown(rows_a: Sequence[dict], rows_b: Sequence[dict], *,
               f'(L_train = {max_a} in {a}, {max_b} in {b}: the buckets are at other lengths).'),
            '']
   header = ['encoding', 'lengths', a, b, f'{b} − {a}', 'note']
+  # Step budgets that differ between entries or studies: named in the note.
+  steps_a, steps_b = steps_by_entry(rows_a), steps_by_entry(rows_b)
+  budget = lambda rows: {r[STEPS] for r in rows if r.get(STEPS)}
+  if not steps_a and not steps_b and budget(rows_a) and budget(rows_b) and (
+      budget(rows_a) != budget(rows_b)):  # one budget per study, not the same one
+    steps_a, steps_b = ({r['encoding']: f'{r[STEPS]:,}' for r in x if r.get(STEPS)}
+                        for x in (rows_a, rows_b))
   tasks = list(dict.fromkeys([r['task'] for r in rows_a] + [r['task'] for r in rows_b]))
   for task in tasks:
     sel_a = [r for r in rows_a if r['task'] == task]
@@ -223,6 +254,8 @@ def comparison_markdown(rows_a: Sequence[dict], rows_b: Sequence[dict], *,
         vb = [dict(r, value=r[metric]) for r in sel_b if r['encoding'] == enc]
         lost = [f'{name}: {seeds_cell(v)} seeds' for name, v in ((a, va), (b, vb))
                 if split_diverged(v)[1]]
+        lost += [f'{name}: {steps[enc]} steps' for name, steps in ((a, steps_a), (b, steps_b))
+                 if enc in steps]
         (va, _), (vb, _) = split_diverged(va), split_diverged(vb)  # out of the means
         for (bucket, lengths_a), (_, lengths_b) in zip(_buckets(max_a), _buckets(max_b)):
           sa, sb = _per_seed(va, lengths_a), _per_seed(vb, lengths_b)
