@@ -23,6 +23,7 @@ import attention_jax
 from attention_jax.lab import cluster
 from attention_jax.lab import identity
 from attention_jax.lab import locks
+from attention_jax.lab import one_study
 from attention_jax.lab import outputs
 from attention_jax.lab.evaluate import eval_lengths
 from attention_jax.lab.evaluate import evaluate_models
@@ -222,7 +223,8 @@ def _evaluate(trained: list, configs: list, clock: Stopwatch,
     timings[label + (' (with generation)' if generate else '')] = time.perf_counter() - start
     for model_rows, c, digest, per_length in zip(rows, configs, digests, per_model):
       model_rows += [dict(task=c.task.name, encoding=label, seed=c.train.seed,
-                          config_hash=digest, version=attention_jax.__version__, **r)
+                          config_hash=digest, version=attention_jax.__version__,
+                          num_steps=c.train.num_steps, **r)
                      for r in per_length]
   return rows, timings
 
@@ -259,6 +261,7 @@ def run_study(config: ml_collections.ConfigDict, workdir: str,
   this process wrote none.
   """
   runs = plan.plan_study(config, workdir)
+  one_study.check(config, workdir, runs)  # another study's runs: refused, nothing written
   index, count = cluster.shard_of(config)
   report_only = config.study.get('report_only', False)
   with stop_requests():
