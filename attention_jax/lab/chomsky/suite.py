@@ -101,6 +101,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
                       'noise_max_length: integers >= 1).')
   if not 0 <= m.dropout < 1:
     raise ConfigError(f'invalid config: model.dropout={m.dropout!r} must be in [0, 1).')
+  if not isinstance(e.get('deterministic', True), bool):
+    raise ConfigError(f'invalid config: eval.deterministic={e.deterministic!r} must be True '
+                      '(no dropout at evaluation) or False (dropout on, as theirs).')
   for spec in study.encodings:
     check_encoding(spec, config)
   if any(trainer.noise_kind(spec) for spec in study.encodings) and (
