@@ -31,7 +31,11 @@ One model: `python -m experiments.train --config=configs/copy.py:encoding=rope
   scale=NAME      the model and its training: cpu (default) | paper (Delétang
                   et al. 2022 / Ruoss et al. 2023: 5 layers, 8 heads, batch
                   128, train lengths 1–40, evaluation to 500, 10 seeds; for
-                  GPU/TPU) | tiny (the tests' smoke run: 5 steps, mostly compiling)
+                  GPU/TPU) | tiny (the tests' smoke run: 5 steps for every
+                  entry, variants included; mostly compiling: the default
+                  study's 8 entries took 395 s wall on the 2-core CPU shared
+                  with other jobs (load 5-8), about 40 s of compiling per
+                  entry, generation's included)
   study=NAME      which entries and tasks a study sweeps: STUDIES below
                   (default | extended | frontier | all | generalize)
 

@@ -5,9 +5,13 @@ fit would otherwise be found after the training, grinding or out of memory.
 Two estimates, both deliberately rough (a factor of a few either way), both
 refusing only what is far out of reach:
 
+Both read the evaluation's size (lengths, samples, batch) and the model's
+depth and d_model, the MLP taken as 4 × d_model: they judge the evaluation
+range, and leave a model too large for any length to the out-of-memory
+handling of `runtime.entry_point`.
+
 * memory: one evaluation call holds `eval.batch_size` sequences of the
-  longest evaluated length, a few activations of width max(d_model, mlp_dim)
-  per token, and with `model.attention_implementation='dense'` one score
+  longest evaluated length, a few activations of width 4 × d_model per token, and with `model.attention_implementation='dense'` one score
   matrix per head (the other implementations work in blocks); refused above
   the machine's memory (`physical_memory`);
 * work: the forward FLOPs over every evaluated length × `eval.num_samples`
@@ -46,7 +50,7 @@ def check(config: ml_collections.ConfigDict) -> None:
     return
   task = task_of(config)
   longest = tasks.tokens_read(task, e.max_length)
-  width = max(m.d_model, m.get('mlp_dim', 0) or 4 * m.d_model)
+  width = 4 * m.d_model  # the MLP's hidden width as a standard block has it
   memory = 4 * e.batch_size * longest * width * LIVE_ACTIVATIONS
   if m.get('attention_implementation') == 'dense':
     memory += 4 * e.batch_size * m.num_heads * longest * longest
