@@ -22,7 +22,10 @@ Presets by `:arg`, comma-separated `key=value`, as configs/copy.py:
                   of an entry: `none:abacus`, `fire:abacus`, `fire:hints`
   scale=NAME      cpu (default) | paper (Cho et al. 2024's 1-layer coupling
                   run, scripts/addition/run_coupling.sh; for GPU/TPU) | tiny
-                  (the tests' smoke run)
+                  (the tests' smoke run: 5 steps for every entry, 4 sums per
+                  length; the default study's 10 entries took 553 s wall on
+                  the 2-core CPU shared with other jobs (load 5-8), nearly
+                  all of it compiling)
   study=NAME      which entries a study sweeps: STUDIES below
 """
 
@@ -34,6 +37,7 @@ except ModuleNotFoundError:  # the clone, run from its root: configs/ is a top-l
   from configs import copy
 
 from attention_jax.lab import preset_arguments
+from attention_jax.lab import entries
 from attention_jax.lab.entries import entry_config
 
 # Named variants (study.variants): parts of an entry (`none:abacus`, `fire:hints`).
@@ -111,9 +115,12 @@ def get_config(arg=None):
 
   if preset['scale'] == 'paper':
     _paper(c)
-  elif preset['scale'] == 'tiny':
+  elif preset['scale'] == 'tiny':  # every entry a few steps: a smoke test, not a study
     c.task.train_max_length = 3
-    c.eval.update(max_length=6, grid=(1, 6), grid_samples=4)
+    c.train.num_steps = 5
+    c.eval.update(max_length=6, grid=(1, 6), grid_samples=4, num_samples=4, batch_size=4)
+    c.study.variants = ml_collections.ConfigDict(
+        entries.tiny_variants(dict(copy.VARIANTS, **VARIANTS)))
   if preset['encoding']:
     c = entry_config(c, preset['encoding'])
   return c

@@ -114,6 +114,10 @@ def get_config(arg=None):
   c.eval.seed = 1  # evaluation data, the same for every run; theirs: 1
   c.eval.bucket = 50  # lengths padded to multiples of this (one compile each); 0: one
   c.eval.cache = False  # keep the evaluation data for the next encoding (memory: all of it)
+  # False: dropout (model.dropout) stays on at evaluation, as in theirs (their
+  # model has no train/eval switch; range_evaluation.py applies it with a random
+  # key), its keys drawn from eval.seed and the length (reproducible); True: off.
+  c.eval.deterministic = False
 
   # What entry_point reads (every experiment's config has them).
   c.deterministic_gpu = False  # bitwise-reproducible GPU runs (slower)

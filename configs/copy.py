@@ -31,7 +31,11 @@ One model: `python -m experiments.train --config=configs/copy.py:encoding=rope
   scale=NAME      the model and its training: cpu (default) | paper (Delétang
                   et al. 2022 / Ruoss et al. 2023: 5 layers, 8 heads, batch
                   128, train lengths 1–40, evaluation to 500, 10 seeds; for
-                  GPU/TPU) | tiny (the tests' smoke run: 5 steps, mostly compiling)
+                  GPU/TPU) | tiny (the tests' smoke run: 5 steps for every
+                  entry, variants included; mostly compiling: the default
+                  study's 8 entries took 395 s wall on the 2-core CPU shared
+                  with other jobs (load 5-8), about 40 s of compiling per
+                  entry, generation's included)
   study=NAME      which entries and tasks a study sweeps: STUDIES below
                   (default | extended | frontier | all | generalize)
 
@@ -41,6 +45,7 @@ Any field can be overridden: `--config.model.num_heads=8`.
 import ml_collections
 
 from attention_jax.lab import preset_arguments
+from attention_jax.lab import entries
 from attention_jax.lab.entries import entry_config
 
 # Named variants of the default model (study.variants): an entry (or
@@ -264,6 +269,7 @@ def get_config(arg=None):
                    steps_per_call=1)
     c.eval.update(max_length=8, num_samples=4, batch_size=4, rope_scalings=())
     c.study.seeds = (0,)
+    c.study.variants = ml_collections.ConfigDict(entries.tiny_variants(VARIANTS))
     c.progress = False
   if preset['study'] == 'generalize' and preset['scale'] == 'cpu':
     c.eval.lengths = (1, 2, 4, 8, 10, 16, 32, 64)  # the checkpoints that matter, not every length

@@ -11,13 +11,17 @@ checkpoint; on a cluster, a job array shares the work (`study.shard`). See confi
 expected results and runtime.
 """
 
+import sys
+
 from absl import app
 from absl import flags
 
 from attention_jax.lab import presets
+from attention_jax.lab.chomsky import report
 from attention_jax.lab.chomsky.suite import run_suite
 from attention_jax.lab.process import entry_point
 from attention_jax.lab.command_line import parse_flags
+from attention_jax.lab.train.divergence import DIVERGED
 
 _CONFIG = presets.DEFINE_config_file('config', 'chomsky', 'Suite configuration.')
 _WORKDIR = flags.DEFINE_string('workdir', 'runs/chomsky', 'Where outputs are written.')
@@ -32,6 +36,10 @@ def main(argv):
     return
   print(open(f'{_WORKDIR.value}/summary.md').read())
   print(f'Figure: {_WORKDIR.value}/chomsky.png')
+  diverged = report.diverged_message(records)
+  if diverged:  # after every setting and the outputs
+    print(diverged, file=sys.stderr)
+    sys.exit(DIVERGED)
 
 
 if __name__ == '__main__':

@@ -9,10 +9,13 @@ run into --workdir/TASK/LABEL/seedN/. Re-running the same command skips finished
 See configs/copy.py for presets, expected results and runtime.
 """
 
+import sys
+
 from absl import app
 from absl import flags
 
 from attention_jax.lab import presets
+from attention_jax.lab.train import divergence
 from attention_jax.lab.command_line import check_study_overrides
 from attention_jax.lab.process import entry_point
 from attention_jax.lab.command_line import parse_flags
@@ -33,6 +36,10 @@ def main(argv):
     return
   print(open(f'{_WORKDIR.value}/summary.md').read())
   print(f'Figure: {_WORKDIR.value}/extrapolation.png')
+  diverged = divergence.message(written)
+  if diverged:  # after every other run and the outputs: nothing is lost by stopping
+    print(diverged, file=sys.stderr)
+    sys.exit(divergence.DIVERGED)
 
 
 if __name__ == '__main__':

@@ -10,10 +10,13 @@ again); a --workdir trained with another config is refused (or, with
 fields: configs/copy.py.
 """
 
+import sys
+
 from absl import app
 from absl import flags
 
 from attention_jax.lab import presets
+from attention_jax.lab.train import divergence
 from attention_jax.lab import results
 from attention_jax.lab.process import entry_point
 from attention_jax.lab.command_line import parse_flags
@@ -32,6 +35,10 @@ def main(argv):
   with entry_point(_CONFIG.value, _WORKDIR.value):
     rows = run_one(_CONFIG.value, _WORKDIR.value, log=print, reevaluate=_REEVALUATE.value)
   print(results.run_table(rows))
+  diverged = divergence.message(rows)
+  if diverged:  # after the results: the run's files are complete, marked diverged
+    print(diverged, file=sys.stderr)
+    sys.exit(divergence.DIVERGED)
 
 
 if __name__ == '__main__':

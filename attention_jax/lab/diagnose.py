@@ -65,13 +65,19 @@ def stored_config(workdir: str) -> ml_collections.ConfigDict:
   """The config `workdir` was made with: an experiments.train workdir's
   config.json; for a study, its own config.json if it has one, else the
   newest of its runs' (each run records the whole config, its study section
-  included). Modules in its `imports` are imported (a registered encoding)."""
+  included) among those of a plain encoding entry: a variant's (mta_lookup)
+  or a part's (NAME:coupled) run records its entry's fields in place of the
+  study's (another layer count, step count, positions), and the study's
+  other entries are made from the study's fields. Modules in its `imports`
+  are imported (a registered encoding)."""
   candidates = [os.path.join(workdir, 'config.json')]
   if workdirs.kind(workdir) == 'study' and not os.path.exists(candidates[0]):
     candidates = sorted(workdirs.run_files(workdir, 'config.json'), key=os.path.getmtime,
                         reverse=True)
-  for path in candidates:
-    config = identity.read_config(os.path.dirname(path))
+  configs = [c for c in (identity.read_config(os.path.dirname(p)) for p in candidates) if c]
+  plain = [c for c in configs if not c.model.get('variant') and ':' not in c.model.encoding
+           and c.model.get('normalization', 'softmax') == 'softmax']
+  for config in plain + configs:  # one of an entry's own fields only if there is no other
     if config is not None:
       for module in config.get('imports', ()):
         importlib.import_module(module)

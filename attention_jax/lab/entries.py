@@ -135,3 +135,15 @@ def run_label(config: ml_collections.ConfigDict) -> str:
   if config.model.get('normalization', 'softmax') == 'stick_breaking':
     return config.model.encoding + SEPARATOR + 'stick_breaking'
   return config.model.encoding
+
+
+def tiny_variants(variants: dict) -> dict:
+  """`variants` (study.variants' dict) without their own `train.num_steps`:
+  at a config's `scale=tiny` every entry trains the preset's few steps (a
+  variant's longer budget would make one entry of a smoke test take minutes)."""
+  out = {}
+  for name, fields in variants.items():
+    fields = {k: dict(v) for k, v in fields.items()}
+    fields.get('train', {}).pop('num_steps', None)
+    out[name] = {k: v for k, v in fields.items() if v}
+  return out

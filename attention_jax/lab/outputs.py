@@ -14,10 +14,10 @@ from typing import Optional, Sequence
 
 import ml_collections
 
-from attention_jax.lab import entries
 from attention_jax.lab.evaluate import grid
 from attention_jax.lab import identity
 from attention_jax.lab import models
+from attention_jax.lab import one_study
 from attention_jax.lab import plan
 from attention_jax.lab import results
 from attention_jax.lab import tasks
@@ -42,19 +42,7 @@ def other_runs(workdir: str, config: ml_collections.ConfigDict, runs: list):
     if stored is None:
       excluded.append((rel(run_dir), 'no readable config.json'))
       continue
-    candidate = ml_collections.ConfigDict(config.to_dict())
-    for key in identity.RUN_KEYS:  # that run's place in a sweep, the rest from this config
-      section, field = key.split('.')
-      candidate[section][field] = stored[section][field]
-    variant = stored['model'].get('variant')
-    if variant:  # its entry's fields, from this config
-      try:
-        candidate = entries.entry_config(candidate, variant)
-      except ValueError:
-        pass  # not an entry this config knows: its fields differ below
-      else:
-        candidate.task.name = stored.task.name
-        candidate.model.kind = stored.model.kind
+    candidate = one_study.candidate(config, stored)
     diffs = identity.differences(stored, candidate)
     found = None if diffs else identity.evaluated_rows(run_dir, candidate)
     if diffs:

@@ -8,6 +8,8 @@ matplotlib.use('Agg')  # files only; no display needed
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
+from attention_jax.lab import results
+
 METRICS = (('token_accuracy', 'token accuracy'), ('exact_match', 'exact match'))
 
 
@@ -67,16 +69,22 @@ def plot_extrapolation(rows: Sequence[dict], path: str, *, train_min: Optional[i
     for ax, (metric, title) in zip(row_axes, METRICS):
       for i, (source, enc) in enumerate(keys):
         sel = [r for r in task_rows if (r.get('source', ''), r['encoding']) == (source, enc)]
+        # Diverged seeds (`train.divergence`): out of the line, counted in its label.
+        seeds = results.seeds_cell(sel)
+        sel, _ = results.split_diverged(sel)
+        label = f'{source}:{enc}' if source else enc
+        if not sel:  # every seed diverged: a legend entry, no line
+          ax.plot([], [], label=f'{label} (seeds: {seeds})', color=_color(i), lw=1.8)
+          continue
         lengths = sorted({r['length'] for r in sel})
         values = np.array([[r[metric] for r in sel if r['length'] == n] for n in lengths
                            ], dtype=object)
         mean = np.array([np.mean(v) for v in values])
         lo = np.array([np.min(v) for v in values])
         hi = np.array([np.max(v) for v in values])
-        seeds = len({r['seed'] for r in sel})
-        label = f'{source}:{enc}' if source else enc
         # Variants of an encoding (NAME:randomized, rope+pi) dashed.
-        count = f'{seeds} seed' + ('s' if seeds != 1 else '')
+        count = f'{seeds} seed' + ('s' if seeds != '1' else '') if seeds.isdigit() else (
+            f'seeds: {seeds}')
         line, = ax.plot(lengths, 100 * mean, label=f'{label} ({count})', lw=1.8,
                         color=_color(i), ls='--' if (':' in enc or '+' in enc) else '-')
         ax.fill_between(lengths, 100 * lo, 100 * hi, color=line.get_color(), alpha=0.18)

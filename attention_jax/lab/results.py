@@ -7,10 +7,18 @@ from typing import Iterable, Sequence
 import numpy as np
 
 FIELDS = ('task', 'encoding', 'seed', 'length', 'token_accuracy', 'exact_match',
-          'generated_exact_match', 'generation_agreement', 'config_hash', 'version')
+          'generated_exact_match', 'generation_agreement', 'config_hash', 'version',
+          'diverged_at', 'num_steps')
 PROVENANCE = ('config_hash', 'version')  # added in 0.1.0; older files lack them
 # Only when evaluated by generation (empty otherwise; older files lack them).
 GENERATION = ('generated_exact_match', 'generation_agreement')
+# The step at which the run's training loss became non-finite (`train.divergence`);
+# empty for a run that did not diverge (older files lack the column).
+DIVERGED = 'diverged_at'
+# The run's train.num_steps: entries of one table may have had different
+# budgets (a variant's own), which the tables then show (older files lack it).
+STEPS = 'num_steps'
+OPTIONAL = GENERATION + (DIVERGED, STEPS)
 MULTIPLES = (2, 4, 8)  # summary columns: accuracy at these multiples of L_train
 
 
@@ -30,8 +38,12 @@ def write_rows(path: str, rows: Iterable[dict]) -> None:
     writer = csv.DictWriter(f, fieldnames=FIELDS, lineterminator='\n')
     writer.writeheader()
     for row in rows:
-      writer.writerow({k: row.get(k, '') if k in GENERATION else row[k] for k in FIELDS})
+      writer.writerow({k: _blank(row.get(k)) if k in OPTIONAL else row[k] for k in FIELDS})
   os.replace(tmp, path)
+
+
+def _blank(value):
+  return '' if value is None else value
 
 
 def read_rows(path: str) -> list[dict]:
@@ -43,6 +55,9 @@ def read_rows(path: str) -> list[dict]:
     for field in GENERATION:
       value = row.setdefault(field, '')
       row[field] = float(value) if value not in ('', None) else None
+    for field in (DIVERGED, STEPS):
+      value = row.setdefault(field, '')
+      row[field] = int(value) if value not in ('', None) else None
     if row.keys() != set(FIELDS):
       raise ValueError(f'{path}: columns {sorted(row)} are not the schema {list(FIELDS)}.')
     row['seed'], row['length'] = int(row['seed']), int(row['length'])
@@ -74,6 +89,38 @@ def _per_seed(rows, lengths) -> list[float]:
   return [float(np.mean(v)) for v in by_seed.values()]
 
 
+def split_diverged(rows: Sequence[dict]) -> tuple[list[dict], dict]:
+  """The rows of runs that did not diverge, and {seed: step} of those that
+  did (`train.divergence`), for rows of one (task, encoding)."""
+  steps = {r['seed']: r[DIVERGED] for r in rows if r.get(DIVERGED) is not None}
+  return [r for r in rows if r['seed'] not in steps], steps
+
+
+def seeds_cell(rows: Sequence[dict]) -> str:
+  """How many seeds a mean covers: '3', or '2 of 3; 1 diverged at step 40'."""
+  kept, steps = split_diverged(rows)
+  total = len({r['seed'] for r in rows})
+  if not steps:
+    return str(total)
+  at = ', '.join(str(steps[s]) for s in sorted(steps))
+  return (f"{total - len(steps)} of {total}; {len(steps)} diverged at step"
+          f"{'s' if len(steps) > 1 else ''} {at}")
+
+
+def steps_by_entry(rows: Sequence[dict]) -> dict:
+  """{encoding: its training steps ('1,600', or '5, 3,000' for runs that
+  differ)} when the rows' entries had different step budgets; {} when they
+  all had the same (or the rows do not say), so a table shows the column
+  only where it tells something."""
+  found = {}
+  for r in rows:
+    if r.get(STEPS) is not None:
+      found.setdefault(r['encoding'], set()).add(r[STEPS])
+  if len({n for steps in found.values() for n in steps}) <= 1:
+    return {}
+  return {enc: ', '.join(f'{n:,}' for n in sorted(steps)) for enc, steps in found.items()}
+
+
 def _cell(values: Sequence[float]) -> str:
   if not values:
     return '—'
@@ -83,7 +130,8 @@ def _cell(values: Sequence[float]) -> str:
 def summary_markdown(rows: Sequence[dict], train_min: int, train_max: int) -> str:
   """Per task and metric, a table: encoding × (training range, 2×, 4×, 8×),
   each cell mean ± std over seeds, in percent."""
-  lines = [f'Accuracy in percent, mean ± std over seeds. Training inputs had '
+  lines = diverged_note(rows)
+  lines += [f'Accuracy in percent, mean ± std over seeds. Training inputs had '
            f'lengths {train_min}–{train_max} (L_train = {train_max}); "1–L" '
            'averages every evaluated length up to L_train, the other columns '
            'are the accuracy at exactly that input length.', '']
@@ -96,17 +144,36 @@ def summary_markdown(rows: Sequence[dict], train_min: int, train_max: int) -> st
                 '| ' + ' | '.join(header) + ' |',
                 '|' + '---|' * len(header)]
       encodings = list(dict.fromkeys(r['encoding'] for r in rows if r['task'] == task))
+      steps = steps_by_entry([r for r in rows if r['task'] == task])
+      if steps:  # budgets differ: each entry's, beside its seeds
+        lines[-2:] = ['The entries were trained for different numbers of steps (the steps '
+                      'column): compare them knowing that.', '',
+                      '| ' + ' | '.join(header[:2] + ['steps'] + header[2:]) + ' |',
+                      '|' + '---|' * (len(header) + 1)]
       for enc in encodings:
         sel = [dict(r, value=r[metric]) for r in rows
                if r['task'] == task and r['encoding'] == enc]
-        seeds = len({r['seed'] for r in sel})
+        seeds = seeds_cell(sel) + (f" | {steps.get(enc, '?')}" if steps else '')
+        sel, _ = split_diverged(sel)  # out of the means, counted in the seeds column
         in_range = set(range(1, train_max + 1))
         cells = [_cell(_per_seed(sel, in_range))] + [
             _cell(_per_seed(sel, {k * train_max})) for k in MULTIPLES]
-        lines.append('| ' + ' | '.join([enc, str(seeds)] + cells) + ' |')
+        lines.append('| ' + ' | '.join([enc, seeds] + cells) + ' |')
       lines.append('')
   lines += generation_summary(rows)
   return '\n'.join(lines)
+
+
+def diverged_note(rows: Sequence[dict]) -> list[str]:
+  """A warning paragraph naming the diverged runs (none if none diverged)."""
+  steps = {(r['task'], r['encoding'], r['seed']): r[DIVERGED] for r in rows
+           if r.get(DIVERGED) is not None}
+  if not steps:
+    return []
+  runs = '; '.join(f'{t} {e} seed {s} at step {d}' for (t, e, s), d in sorted(steps.items()))
+  return [f'**{len(steps)} run(s) diverged** (training loss NaN or infinite; stopped there, '
+          f'see each run\'s diverged.json): {runs}. They are left out of every mean below; '
+          'the seeds column counts them.', '']
 
 
 def coverage_summary(covered: Sequence[str], earlier: Sequence[str],
@@ -167,6 +234,13 @@ def comparison_markdown(rows_a: Sequence[dict], rows_b: Sequence[dict], *,
               f'(L_train = {max_a} in {a}, {max_b} in {b}: the buckets are at other lengths).'),
            '']
   header = ['encoding', 'lengths', a, b, f'{b} − {a}', 'note']
+  # Step budgets that differ between entries or studies: named in the note.
+  steps_a, steps_b = steps_by_entry(rows_a), steps_by_entry(rows_b)
+  budget = lambda rows: {r[STEPS] for r in rows if r.get(STEPS)}
+  if not steps_a and not steps_b and budget(rows_a) and budget(rows_b) and (
+      budget(rows_a) != budget(rows_b)):  # one budget per study, not the same one
+    steps_a, steps_b = ({r['encoding']: f'{r[STEPS]:,}' for r in x if r.get(STEPS)}
+                        for x in (rows_a, rows_b))
   tasks = list(dict.fromkeys([r['task'] for r in rows_a] + [r['task'] for r in rows_b]))
   for task in tasks:
     sel_a = [r for r in rows_a if r['task'] == task]
@@ -178,12 +252,17 @@ def comparison_markdown(rows_a: Sequence[dict], rows_b: Sequence[dict], *,
       for enc in encodings:
         va = [dict(r, value=r[metric]) for r in sel_a if r['encoding'] == enc]
         vb = [dict(r, value=r[metric]) for r in sel_b if r['encoding'] == enc]
+        lost = [f'{name}: {seeds_cell(v)} seeds' for name, v in ((a, va), (b, vb))
+                if split_diverged(v)[1]]
+        lost += [f'{name}: {steps[enc]} steps' for name, steps in ((a, steps_a), (b, steps_b))
+                 if enc in steps]
+        (va, _), (vb, _) = split_diverged(va), split_diverged(vb)  # out of the means
         for (bucket, lengths_a), (_, lengths_b) in zip(_buckets(max_a), _buckets(max_b)):
           sa, sb = _per_seed(va, lengths_a), _per_seed(vb, lengths_b)
           if not sa and not sb:
             continue
           diff = f'{100 * (np.mean(sb) - np.mean(sa)):+.1f}' if sa and sb else '—'
-          note = '' if sa and sb else f'only in {a if sa else b}'
+          note = '; '.join(([] if sa and sb else [f'only in {a if sa else b}']) + lost)
           cells = [f'{_cell(s)} ({len(s)})' if s else '—' for s in (sa, sb)]
           lines.append('| ' + ' | '.join([enc, bucket, *cells, diff, note]) + ' |')
       lines.append('')

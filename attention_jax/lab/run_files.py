@@ -32,6 +32,9 @@ def write_run(config, run_dir, rows, last, times, timings, trained_with, grid=No
   info.update(eval_seconds=times.get('evaluation', 0.0) + times.get('generation', 0.0),
               time_breakdown=times, eval_breakdown=timings, config=config.to_dict(),
               evaluation=identity.evaluation_fields(config))
+  diverged = next((r['diverged_at'] for r in rows if r.get('diverged_at') is not None), None)
+  if diverged is not None:  # `train.divergence`: said where a reader looks first
+    info.update(diverged_at=diverged)
   grown = identity.extensions(run_dir)
   if grown:  # only then: the run.json of a run never extended stays as it was
     info.update(extensions=grown)

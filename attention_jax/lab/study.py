@@ -23,6 +23,7 @@ import attention_jax
 from attention_jax.lab import cluster
 from attention_jax.lab import identity
 from attention_jax.lab import locks
+from attention_jax.lab import one_study
 from attention_jax.lab import outputs
 from attention_jax.lab.evaluate import eval_lengths
 from attention_jax.lab.evaluate import evaluate_models
@@ -40,6 +41,7 @@ from attention_jax.lab.timing import side_by_side
 from attention_jax.lab.train import make_optimizer
 from attention_jax.lab.train import train
 from attention_jax.lab.train import train_seeds
+from attention_jax.lab.train import divergence
 from attention_jax.lab.train.interrupt import TIME_BUDGET
 from attention_jax.lab.train.interrupt import TrainingInterrupted
 from attention_jax.lab.train.interrupt import combined
@@ -133,7 +135,11 @@ def _train_and_evaluate(configs, run_dirs, tx, on_trained, log, *, vmapped,
       done = identity.evaluated_rows(run_dirs[0], configs[0])
     except ValueError:  # a damaged results.csv: evaluated again
       done = None
-    finished = f'{run_dirs[0]}: finished at step {configs[0].train.num_steps}'
+    step = divergence.diverged_at(run_dirs[0])
+    finished = f'{run_dirs[0]}: ' + (
+        f'finished at step {configs[0].train.num_steps}' if step is None else
+        f'DIVERGED at step {step} (diverged.json; not retrained: the same config diverges '
+        'the same way)')
     if done is not None:
       if log:
         log(f'{finished}; evaluation from {os.path.join(run_dirs[0], "results.csv")} '
@@ -160,6 +166,10 @@ def _train_and_evaluate(configs, run_dirs, tx, on_trained, log, *, vmapped,
                              clock)
     times = dict(train_times, **clock.breakdown(share=len(group)))
     for i, rows, grid in zip(group, group_rows, grids):
+      step = divergence.diverged_at(run_dirs[i]) if run_dirs[i] else trained[i][1].get(
+          'diverged_at')
+      for row in rows:  # a diverged run's rows say so (`train.divergence`)
+        row['diverged_at'] = step
       write_run(configs[i], run_dirs[i], rows, trained[i][1], times,
                  {k: v / len(group) for k, v in timings.items()},
                  len(configs) if vmapped else 1, grid=grid)
@@ -213,7 +223,8 @@ def _evaluate(trained: list, configs: list, clock: Stopwatch,
     timings[label + (' (with generation)' if generate else '')] = time.perf_counter() - start
     for model_rows, c, digest, per_length in zip(rows, configs, digests, per_model):
       model_rows += [dict(task=c.task.name, encoding=label, seed=c.train.seed,
-                          config_hash=digest, version=attention_jax.__version__, **r)
+                          config_hash=digest, version=attention_jax.__version__,
+                          num_steps=c.train.num_steps, **r)
                      for r in per_length]
   return rows, timings
 
@@ -250,6 +261,7 @@ def run_study(config: ml_collections.ConfigDict, workdir: str,
   this process wrote none.
   """
   runs = plan.plan_study(config, workdir)
+  one_study.check(config, workdir, runs)  # another study's runs: refused, nothing written
   index, count = cluster.shard_of(config)
   report_only = config.study.get('report_only', False)
   with stop_requests():
@@ -292,8 +304,13 @@ def _to_train(group: list, mine: set, report_only: bool, total: int, log) -> lis
   for run in group:
     if run.number not in mine or report_only:
       continue
-    if run.rows() is not None:
-      log(f'[{run.number}/{total}] {run}: finished earlier, reused')
+    done = run.rows()
+    if done is not None:
+      step = next((r['diverged_at'] for r in done if r.get('diverged_at') is not None), None)
+      log(f'[{run.number}/{total}] {run}: finished earlier, reused' + (
+          '' if step is None else f'; it DIVERGED at step {step} and stays marked so (not '
+          'retrained: the same config diverges the same way; train it with other settings '
+          'in a new --workdir)'))
       continue
     todo.append(run)
     grown = identity.extension(run.directory, run.config)
@@ -344,6 +361,8 @@ def _log_run(log, prefix, run, run_rows, workdir, start) -> None:
   own = [r for r in run_rows if r['encoding'] == run.label]  # not rope+…
   in_range = [r['token_accuracy'] for r in own if r['length'] <= c.task.train_max_length]
   where = '' if run.directory == os.path.join(workdir, run.place) else f' ({run.directory})'
+  if own and own[0].get('diverged_at') is not None:
+    where += f" (DIVERGED at step {own[0]['diverged_at']}, left out of the means)"
   log(f'{prefix} {run}{where}: {describe(info)}, '
       f'token accuracy in training range {100 * sum(in_range) / len(in_range):.1f}%, '
       f"at {own[-1]['length']}: {100 * own[-1]['token_accuracy']:.1f}% "

@@ -18,6 +18,7 @@ from attention_jax.attention import NORMALIZATIONS
 from attention_jax.attention import Request
 from attention_jax.attention import select_implementation
 from attention_jax.attention.scores import as_terms
+from attention_jax.lab import eval_budget
 from attention_jax.lab import tasks
 from attention_jax.lab.cluster import check_shard
 from attention_jax.lab.errors import ConfigError
@@ -344,3 +345,8 @@ def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -
                f"model.max_positions={m.max_positions} is too short for 'learned' at "
                f'eval.max_length={ev.max_length} on {name!r}: the model reads '
                f'{needed} positions; set model.max_positions >= {needed} or 0 (auto).')
+  # An evaluation that cannot fit is refused now, not after every model trained.
+  for name in task_names:
+    c = config.copy_and_resolve_references()
+    c.task.name = name
+    eval_budget.check(c)

@@ -9,8 +9,10 @@ Post-LayerNorm blocks, as theirs:
     h = LayerNorm(h + dropout(W_2 relu(W_1 h)))
 
 with bias-free Q/K/V/O projections, an FFN `mlp_dim` wide (theirs: 4 ×
-d_model) with biases, dropout on the embeddings (after an encoding added to
-them) and on both residual branches (none on the attention weights), no
+d_model) with biases, dropout on the embeddings only when an encoding is
+added to them (sinusoidal, learned and their randomized forms: theirs
+`add_positional_encodings` returns the bare embeddings for RoPE, relative,
+ALiBi and none) and on both residual branches (none on the attention weights), no
 final LayerNorm, and a linear head with a bias to `output_size` classes at
 every position. Token embeddings are drawn from a normal truncated at ±2
 standard deviations with stddev 0.02 (Haiku's `TruncatedNormal`, which does
@@ -49,6 +51,7 @@ from attention_jax.positional.parameters import MLP
 from attention_jax.positional.parameters import VOCAB
 from attention_jax.positional.parameters import annotation
 from attention_jax.positional.parameters import check_dtypes
+from attention_jax.positional.base import hooks_of
 
 
 def _linear(d_in, d_out, axes, rngs, precision, use_bias=True):
@@ -127,6 +130,8 @@ class TransformerEncoder(nnx.Module):
                      dropout_rate=dropout_rate, rngs=rngs, precision=precision)
         for i in range(num_layers)])
     self.dropout = nnx.Dropout(dropout_rate)
+    # Theirs drops the embeddings where it adds an encoding to them, only there.
+    self.drops_embeddings = 'add_to_embeddings' in hooks_of(type(self.positional))
     self.head = _linear(d_model, output_size, (EMBED, VOCAB), rngs, precision)
 
   def __call__(self, tokens: jax.Array, *, lengths: Optional[jax.Array] = None,
@@ -154,7 +159,9 @@ class TransformerEncoder(nnx.Module):
     if distances is not None:
       _check_layers('distances', distances, n, (t, t))
     h = self.positional.add_to_embeddings(self.embed(tokens) * self.scale, per_layer[0])
-    h = constrain(self.dropout(h, deterministic=deterministic, rngs=rngs), BATCH_LENGTH_EMBED)
+    if self.drops_embeddings:
+      h = self.dropout(h, deterministic=deterministic, rngs=rngs)
+    h = constrain(h, BATCH_LENGTH_EMBED)
     for i, block in enumerate(self.blocks):
       h = block(h, positions=per_layer[i], distances=None if distances is None else distances[i],
                 kv_lengths=lengths, deterministic=deterministic, rngs=rngs)

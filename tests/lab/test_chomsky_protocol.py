@@ -181,6 +181,18 @@ class EncoderTest(chex.TestCase, parameterized.TestCase):
       TransformerEncoder(vocab_size=3, output_size=2, d_model=16, num_heads=2, num_layers=1,
                          mlp_dim=32, encoding='fox', rngs=nnx.Rngs(0))
 
+  @parameterized.parameters(('sinusoidal', 3), ('learned', 3), ('rope', 2), ('alibi', 2),
+                            ('relative', 2), ('none', 2))
+  def test_embeddings_dropped_only_under_an_added_encoding_as_theirs(self, encoding, drops):
+    # Theirs: `add_positional_encodings` drops after adding sin/cos or a learned
+    # table, and returns bare embeddings otherwise; each block drops twice.
+    model = TransformerEncoder(vocab_size=3, output_size=2, d_model=16, num_heads=2,
+                               num_layers=1, mlp_dim=32, encoding=encoding, max_positions=16,
+                               dropout_rate=0.1, rngs=nnx.Rngs(0))
+    rngs = nnx.Rngs(dropout=0)
+    model(jnp.zeros((1, 4), jnp.int32), deterministic=False, rngs=rngs)
+    self.assertEqual(int(rngs.dropout.count[...]), drops)
+
   def test_dropout_without_rngs_is_named(self):
     model = TransformerEncoder(vocab_size=3, output_size=2, d_model=16, num_heads=2,
                                num_layers=1, mlp_dim=32, dropout_rate=0.1, rngs=nnx.Rngs(0))

@@ -40,6 +40,35 @@ def tiny(**changes):
   return c
 
 
+class EvaluationDropoutTest(chex.TestCase):
+  """eval.deterministic=False keeps dropout on at evaluation, as theirs, with
+  keys from eval.seed: the same scores every time; True turns it off."""
+
+  def _scores(self, deterministic, seed=1):
+    c = tiny(**{'model.dropout': 0.5, 'eval.deterministic': deterministic,
+                'eval.num_samples': 32, 'eval.batch_size': 16, 'eval.seed': seed})
+    task = lab_tasks.get_spec('parity_check')
+    programs = trainer.Programs.for_tasks(c, [task])
+    graphdef, params, rest = programs.models('alibi', [0])
+    return trainer.evaluate(programs, task, 'alibi', graphdef, params, rest)
+
+  def test_dropout_at_evaluation_is_reproducible_and_switchable(self):
+    on = self._scores(False)
+    np.testing.assert_array_equal(on, self._scores(False))
+    self.assertFalse(np.array_equal(on, self._scores(True)))
+    self.assertFalse(np.array_equal(on, self._scores(False, seed=2)))
+
+  def test_deterministic_is_a_bool_field_off_in_every_preset_as_theirs(self):
+    for scale in ('tiny', 'cpu', 'paper'):
+      self.assertIs(chomsky_config.get_config(f'scale={scale}').eval.deterministic, False)
+    c = tiny()
+    with self.assertRaises(TypeError):  # --config.eval.deterministic=yes: refused by its type
+      c.eval.deterministic = 'yes'
+    c.eval = dict(c.eval.to_dict(), deterministic='yes')  # a config built by hand
+    with self.assertRaisesRegex(ConfigError, "eval.deterministic='yes' must be True"):
+      suite.validate(c)
+
+
 class SuiteRunTest(chex.TestCase):
   """One tiny suite run shared by every assertion (the slow part: compiling)."""
 

@@ -6,6 +6,7 @@ extended to 2N steps once; each test works on its own copy.
 """
 
 import contextlib
+import csv
 import io
 import itertools
 import json
@@ -117,7 +118,8 @@ class ExtensionTest(absltest.TestCase):
     self.assertNotIn('extensions', json.loads(_read(os.path.join(base0, 'run.json'))))
     # Evaluated again, under a hash of its own: neither the N-step model's
     # nor that of a run of 2N steps from the start.
-    hashes = {line.split(',')[-2] for line in _read(os.path.join(run0, 'results.csv')).splitlines()[1:]}
+    hashes = {r['config_hash'] for r in csv.DictReader(
+        _read(os.path.join(run0, 'results.csv')).splitlines())}
     extended = config_hash(_config(train__num_steps=2 * N), identity.extensions(run0))
     self.assertEqual(hashes, {extended})
     self.assertNotIn(extended, {config_hash(_config()), config_hash(_config(train__num_steps=2 * N))})

@@ -165,7 +165,9 @@ class StudyTest(absltest.TestCase):
       table = list(csv.DictReader(f))
     self.assertEqual(list(table[0]), ['task', 'encoding', 'seed', 'length', 'token_accuracy',
                                       'exact_match', 'generated_exact_match',
-                                      'generation_agreement', 'config_hash', 'version'])
+                                      'generation_agreement', 'config_hash', 'version',
+                                      'diverged_at', 'num_steps'])
+    self.assertEqual({(r['diverged_at'], r['num_steps']) for r in table}, {('', '5')})
     # Generation and teacher forcing agree on every sequence (see evaluate/lengths.py).
     self.assertEqual({float(r['generation_agreement']) for r in table}, {1.0})
     self.assertEqual([r['generated_exact_match'] for r in table],

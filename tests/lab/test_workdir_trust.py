@@ -33,6 +33,7 @@ from attention_jax.lab.study import run_one
 from attention_jax.lab.study import run_study
 from attention_jax.lab.errors import ConfigError
 from attention_jax.lab.validate import validate_config
+from configs import addition as addition_config
 from configs import copy as copy_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -113,6 +114,26 @@ class WorkdirIdentityTest(absltest.TestCase):
     self.assertNotIn('\n', message)
     self.assertFalse(os.path.exists(os.path.join(workdir, 'copy/none/seed2')))
     self.assertEqual(_read(os.path.join(workdir, 'results.csv')), before)
+
+  def test_another_study_in_the_workdir_is_refused_naming_what_differs(self):
+    workdir = _copy()
+    files = lambda: {p: pathlib.Path(p).read_bytes()
+                     for p in glob.glob(os.path.join(workdir, '*.*'))}
+    before = files()
+    addition = addition_config.get_config('scale=tiny,encoding=none')
+    with self.assertRaisesRegex(ConfigError, re.escape(
+        f"--workdir={workdir} holds a study of task 'copy' (copy/none/seed0); this config "
+        "studies study.tasks=('addition',); a workdir holds one study")):
+      run_study(addition, workdir, log=lambda _: None)
+    # The same task, another recipe, another entry (no run directory in common).
+    with self.assertRaisesRegex(ConfigError, re.escape(
+        'holds another study: copy/none/seed0 was trained with train.learning_rate=0.003 '
+        '(this config: 0.001)')):
+      run_study(_config(train__learning_rate=1e-3, study__encodings=('rope',)), workdir,
+                log=lambda _: None)
+    self.assertFalse(os.path.exists(os.path.join(workdir, 'addition')))
+    self.assertFalse(os.path.exists(os.path.join(workdir, 'copy', 'rope')))
+    self.assertEqual(files(), before)
 
   def test_unfinished_run_refuses_a_changed_hyperparameter_or_shape(self):
     run_dir = _run0(_copy())

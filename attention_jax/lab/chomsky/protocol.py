@@ -58,12 +58,20 @@ def run_scores(lengths, accuracies, train_max_length: int) -> dict:
               in_range=float(accuracies[inside].mean()) if inside.any() else float('nan'))
 
 
-def setting_scores(per_seed: list[dict]) -> dict:
+def setting_scores(per_seed: list[dict], diverged_at=None) -> dict:
   """A setting's scores over its seeds' `run_scores`: for each score, the
-  maximum (the papers'), the mean and the standard deviation (ddof 0)."""
-  out = {}
+  maximum (the papers'), the mean and the standard deviation (ddof 0), over
+  the seeds that did not diverge (`diverged_at`: per seed None or the step
+  its training loss became non-finite), and `seeds`, how many that is (NaN
+  scores when none is left)."""
+  diverged_at = diverged_at or [None] * len(per_seed)
+  kept = [s for s, d in zip(per_seed, diverged_at) if d is None]
+  out = {'seeds': len(kept)}
   for name in ('score_official', 'score_plain', 'in_range'):
-    values = np.asarray([s[name] for s in per_seed], np.float64)
+    values = np.asarray([s[name] for s in kept], np.float64)
+    if not len(values):
+      out[name] = dict(max=float('nan'), mean=float('nan'), std=float('nan'))
+      continue
     out[name] = dict(max=float(np.max(values)), mean=float(np.mean(values)),
                      std=float(np.std(values)))
   return out

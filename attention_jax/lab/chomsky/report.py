@@ -5,10 +5,13 @@ show them).
 
 A setting's score (task × encoding): its best run over seeds and learning
 rates (`max`, the papers' statistic), and the mean ± std over the seeds of
-the learning rate with the best mean.
+the learning rate with the best mean. A seed whose training loss became
+non-finite (`trainer.diverged_steps`) is left out of both, marked in
+results.csv's `diverged_at` and counted in summary.md and the figure.
 """
 
 import os
+from typing import Optional
 
 import matplotlib
 matplotlib.use('Agg')
@@ -18,6 +21,7 @@ import numpy as np
 from attention_jax.lab import results
 from attention_jax.lab.chomsky import published
 from attention_jax.lab.tasks import SPECS
+from attention_jax.lab.train.divergence import DIVERGED
 
 LEVEL_TITLES = {'regular': 'Regular (R)', 'context_free': 'Deterministic context-free (DCF)',
                 'context_sensitive': 'Context-sensitive (CS)'}
@@ -32,17 +36,57 @@ def combine(records: list[dict]) -> dict:
   for r in records:
     by_setting.setdefault((r['task'], r['encoding']), []).append(r)
   out = {}
+  # A learning rate whose seeds all diverged has NaN scores: never the best.
+  finite = lambda x: x if np.isfinite(x) else -np.inf
   for key, group in by_setting.items():
     scores = {}
     for name in SCORES:
-      best = max(group, key=lambda r: r['scores'][name]['mean'])
-      scores[name] = dict(max=max(r['scores'][name]['max'] for r in group),
+      best = max(group, key=lambda r: finite(r['scores'][name]['mean']))
+      maxima = [r['scores'][name]['max'] for r in group if np.isfinite(r['scores'][name]['max'])]
+      scores[name] = dict(max=max(maxima) if maxima else float('nan'),
                           mean=best['scores'][name]['mean'], std=best['scores'][name]['std'],
                           learning_rate=best['learning_rate'])
-    best = max(group, key=lambda r: r['scores']['score_official']['mean'])
+    best = max(group, key=lambda r: finite(r['scores']['score_official']['mean']))
     scores['train_accuracy'] = float(np.mean(best.get('train_accuracy', [np.nan])))
+    scores['runs'] = sum(len(r['seeds']) for r in group)
+    scores['diverged'] = [(r['learning_rate'], seed, step) for r in group
+                          for seed, step in zip(r['seeds'], _diverged(r)) if step is not None]
     out[key] = scores
   return out
+
+
+def _diverged(record: dict) -> list:
+  """Per seed, None or the step it diverged at (records before the field: none)."""
+  return record.get('diverged_at') or [None] * len(record['seeds'])
+
+
+def diverged_text(record: dict) -> str:
+  """'1 of 3 seeds diverged (seed 2 at step 40)', or '' if none did."""
+  found = [(seed, step) for seed, step in zip(record['seeds'], _diverged(record))
+           if step is not None]
+  if not found:
+    return ''
+  return (f"{len(found)} of {len(record['seeds'])} seeds diverged ("
+          + ', '.join(f'seed {seed} at step {step}' for seed, step in found) + ')')
+
+
+def diverged_message(records: list[dict]) -> Optional[str]:
+  """experiments/chomsky.py's last line when a seed diverged; None if none."""
+  runs = [f"{r['task']} × {r['encoding']} (lr {r['learning_rate']:g}): {diverged_text(r)}"
+          for r in records if diverged_text(r)]
+  if not runs:
+    return None
+  return (f'error: training diverged (non-finite loss) in {len(runs)} setting(s): '
+          + '; '.join(runs) + f'; left out of the max and mean, marked in results.csv '
+          f'(diverged_at) and summary.md. Exit status {DIVERGED}.')
+
+
+def _lost(s: dict) -> str:
+  """A summary cell's note on its diverged runs ('' if none)."""
+  if not s['diverged']:
+    return ''
+  steps = ', '.join(str(step) for _, _, step in s['diverged'])
+  return f" [{s['runs'] - len(s['diverged'])} of {s['runs']} runs; {len(s['diverged'])} diverged at step {steps}]"
 
 
 def write_outputs(records: list[dict], config, workdir: str) -> None:
@@ -59,11 +103,12 @@ def write_outputs(records: list[dict], config, workdir: str) -> None:
 
 
 def _write_csv(records, path):
-  fields = ['task', 'level', 'encoding', 'learning_rate', 'seed', *SCORES]
+  fields = ['task', 'level', 'encoding', 'learning_rate', 'seed', *SCORES, 'diverged_at']
   results.write_table(path, fields, (
       dict(task=r['task'], level=r['level'], encoding=r['encoding'],
-           learning_rate=r['learning_rate'], seed=seed, **{k: f'{s[k]:.4f}' for k in SCORES})
-      for r in records for seed, s in zip(r['seeds'], r['per_seed'])))
+           learning_rate=r['learning_rate'], seed=seed, **{k: f'{s[k]:.4f}' for k in SCORES},
+           diverged_at='' if step is None else step)
+      for r in records for seed, s, step in zip(r['seeds'], r['per_seed'], _diverged(r))))
 
 
 def _level(task_name):
@@ -77,8 +122,11 @@ def _pct(x):
 def summary(combined, task_names, encodings, config) -> str:
   """summary.md's text (module docstring)."""
   t, e = config.train, config.eval
+  lost = [f'{name} × {enc}{_lost(s)}' for (name, enc), s in combined.items() if s['diverged']]
   lines = [
       '# DeepMind length-generalization suite: the encoder protocol', '',
+      *([f'**Diverged runs** (training loss NaN or infinite), left out of every max and mean: '
+         + '; '.join(lost) + '.', ''] if lost else []),
       f'Trained on lengths {t.min_length}–{t.max_length} ({t.num_steps:,} steps, batch '
       f'{t.batch_size}, {config.model.num_layers} layer{"s" * (config.model.num_layers != 1)}, '
       f'd_model {config.model.d_model}); '
@@ -95,7 +143,7 @@ def summary(combined, task_names, encodings, config) -> str:
       s = combined.get((name, enc))
       cells.append('–' if s is None else
                    f'{_pct(s["score_official"]["max"])} ({_pct(s["score_official"]["mean"])}'
-                   f' ± {_pct(s["score_official"]["std"])})')
+                   f' ± {_pct(s["score_official"]["std"])})' + _lost(s))
     lines.append(f'| {_level(name)} | {name} | ' + ' | '.join(cells) + ' |')
   lines += randomized_gains(combined, task_names, encodings)
   lines += beside_published(combined, task_names, encodings)
@@ -115,7 +163,7 @@ def summary(combined, task_names, encodings, config) -> str:
         continue
       o, p = s['score_official'], s['score_plain']
       pub = published.dape_2024(name, enc)
-      lines.append(f'| {enc} | {_pct(o["max"])} | {_pct(o["mean"])} ± {_pct(o["std"])} | '
+      lines.append(f'| {enc}{_lost(s)} | {_pct(o["max"])} | {_pct(o["mean"])} ± {_pct(o["std"])} | '
                    f'{_pct(p["max"])} | {_pct(p["mean"])} ± {_pct(p["std"])} | '
                    f'{_pct(s["train_accuracy"])} | {"–" if pub is None else f"{pub:.2f}"} |')
     lines.append('')
@@ -179,9 +227,13 @@ def figure(combined, task_names, encodings, path: str, title: str = '') -> None:
   image = ax.imshow(grid, cmap='viridis', vmin=0, vmax=100, aspect='auto')
   for i in range(grid.shape[0]):
     for j in range(grid.shape[1]):
+      s = combined.get((task_names[i], encodings[j]))
+      lost = f"\n{len(s['diverged'])}/{s['runs']} div." if s and s['diverged'] else ''
       if not np.isnan(grid[i, j]):
-        ax.text(j, i, f'{grid[i, j]:.0f}', ha='center', va='center', fontsize=7,
+        ax.text(j, i, f'{grid[i, j]:.0f}{lost}', ha='center', va='center', fontsize=7,
                 color='white' if grid[i, j] < 60 else 'black')
+      elif lost:  # every run diverged: no score, said so
+        ax.text(j, i, 'diverged', ha='center', va='center', fontsize=6, color='red')
   ax.set_xticks(range(len(encodings)), encodings, rotation=40, ha='right', fontsize=8)
   levels = [SPECS[name].level for name in task_names]
   ax.set_yticks(range(len(task_names)),

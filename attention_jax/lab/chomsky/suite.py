@@ -101,6 +101,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
                       'noise_max_length: integers >= 1).')
   if not 0 <= m.dropout < 1:
     raise ConfigError(f'invalid config: model.dropout={m.dropout!r} must be in [0, 1).')
+  if not isinstance(e.get('deterministic', True), bool):
+    raise ConfigError(f'invalid config: eval.deterministic={e.deterministic!r} must be True '
+                      '(no dropout at evaluation) or False (dropout on, as theirs).')
   for spec in study.encodings:
     check_encoding(spec, config)
   if any(trainer.noise_kind(spec) for spec in study.encodings) and (
@@ -264,8 +267,9 @@ def run_group(programs, config, encoding, learning_rate, names, progress, *,
   trained = time.time() - begun
   lengths = trainer.evaluation_lengths(config)
   records = []
-  for task, task_params, train_accuracy in zip(group, params,
-                                               trained_log['train_accuracy']):
+  diverged = np.reshape(np.array(trained_log['diverged_at'], object), (len(group), len(seeds)))
+  for task, task_params, train_accuracy, diverged_at in zip(
+      group, params, trained_log['train_accuracy'], diverged.tolist()):
     raise_if_stopped(f'before evaluating {task.name} × {encoding} (training checkpointed)')
     evaluating = time.time()
     accuracies = trainer.evaluate(programs, task, encoding, graphdef, task_params, rest)
@@ -273,7 +277,8 @@ def run_group(programs, config, encoding, learning_rate, names, progress, *,
     records.append(dict(
         task=task.name, level=task.level, encoding=encoding, learning_rate=learning_rate,
         seeds=seeds, lengths=lengths, accuracies=accuracies.tolist(),
-        per_seed=per_seed, scores=protocol.setting_scores(per_seed),
+        per_seed=per_seed, scores=protocol.setting_scores(per_seed, diverged_at),
+        diverged_at=diverged_at,
         train_accuracy=train_accuracy, trained_with=list(names), log=trained_log['log'],
         seconds=dict(train_group=trained, evaluate=time.time() - evaluating)))
   return records
@@ -382,8 +387,10 @@ def _run_held(programs, config, workdir, found, encoding, lr, missing, directory
     _write_json(record_path(workdir, record['task'], encoding, lr), record)
     found[(record['task'], encoding, lr)] = record
     s = record['scores']['score_official']
+    lost = report.diverged_text(record)
     progress(f'  {record["task"]} × {encoding}: score {100 * s["max"]:.1f}% (max over '
-             f'seeds; mean {100 * s["mean"]:.1f} ± {100 * s["std"]:.1f})')
+             f'seeds; mean {100 * s["mean"]:.1f} ± {100 * s["std"]:.1f})'
+             + (f'; {lost}, left out' if lost else ''))
 
 
 def _write_json(path: str, payload) -> None:

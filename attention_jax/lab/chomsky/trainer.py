@@ -27,8 +27,12 @@ compiled program serves every task of a shape (`layout.padded_slots`).
 
 Evaluation follows `experiments/range_evaluation.py`: every length of the
 evaluation range, `eval.num_samples` examples in sub-batches of `eval.batch_size`, the
-accuracy at a length the mean of the sub-batches' (`protocol`), dropout off,
-randomized positions drawn as in training. Its data come from `eval.seed`
+accuracy at a length the mean of the sub-batches' (`protocol`), randomized
+positions drawn as in training. Dropout: their model has no train/eval
+switch and range_evaluation.py calls it with a random key, so their scores
+are measured with dropout on; `eval.deterministic=False` does the same (each
+sub-batch's dropout key drawn from `eval.seed` and the length, so a score is
+reproducible), True turns it off. Its data come from `eval.seed`
 only, so every seed, encoding and learning rate is scored on the same
 examples.
 """
@@ -193,7 +197,9 @@ class Programs:
         data_key, noise_key = jax.random.split(k)
         batch = layout.encoder_batch(task, data_key, n, batch_size=e.batch_size,
                                      max_length=padded, slots=slots)
-        return dict(batch, noise_key=jax.random.key_data(noise_key))
+        # Folded from the sub-batch's key, not split: the data stay what they were.
+        return dict(batch, noise_key=jax.random.key_data(noise_key),
+                    dropout_key=jax.random.key_data(jax.random.fold_in(k, 1)))
       return jax.vmap(sub)(keys)
     return self._get(('eval_data', task.name, slots, padded), lambda: jax.jit(at))
 
@@ -214,12 +220,15 @@ class Programs:
     """jit (params [S, …], sub-batches) -> accuracy [S], their mean of the
     sub-batches' accuracies."""
     kind = noise_kind(encoding)
+    dropout = not self.config.eval.get('deterministic', True)  # module docstring
 
     def one(params, batches):
       def sub(batch):
         key = jax.random.wrap_key_data(batch.pop('noise_key'))
-        return protocol.batch_accuracy(self.forward(graphdef, rest, params, batch, key, kind),
-                                       batch)
+        dropout_key = jax.random.wrap_key_data(batch.pop('dropout_key'))
+        logits = self.forward(graphdef, rest, params, batch, key, kind,
+                              dropout_key=dropout_key if dropout else None)
+        return protocol.batch_accuracy(logits, batch)
       return jnp.mean(jax.lax.map(sub, batches))
     make = lambda: jax.jit(jax.vmap(one, in_axes=(0, None)))
     return self._get(('eval_accuracy', encoding, slots), make)
@@ -292,6 +301,9 @@ def train(programs: Programs, group: list[TaskSpec], encoding: str, seeds: list[
         progress(f'    step {done}/{t.num_steps}: loss {float(jnp.mean(loss)):.3f}, train '
                  f'accuracy {float(jnp.mean(acc)):.3f} ({time.time() - begun:.0f}s)')
       _save_or_stop(checkpoints, state, done, t, deadline, f'{names} × {encoding}')
+      if not np.isfinite(state['loss'][:i + 1]).all(axis=0).any():
+        progress(f'    step {done}: every member diverged (non-finite loss); stopped')
+        break  # nothing left to train: the checkpoints so far are kept
   finally:
     if checkpoints is not None:
       checkpoints.close()
@@ -302,7 +314,20 @@ def train(programs: Programs, group: list[TaskSpec], encoding: str, seeds: list[
               accuracy=float(jnp.mean(state['accuracy'][i]))) for i in range(calls)]
   # Each task's training accuracy over its last call (dropout on), per seed.
   last = state['accuracy'][-1].reshape(len(group), s)
-  return graphdef, per_task, rest, dict(log=log, train_accuracy=last.tolist())
+  return graphdef, per_task, rest, dict(log=log, train_accuracy=last.tolist(),
+                                        diverged_at=diverged_steps(state['loss'], t))
+
+
+def diverged_steps(loss: np.ndarray, t: ml_collections.ConfigDict) -> list:
+  """Per member (task-major, as `train` lays them out): None, or the step
+  that ends the first compiled call whose mean loss is NaN or infinite (the
+  loss is read after every call; the log holds it, so a resumed group
+  finds the same). A diverged member trains on inside the program (vmap
+  keeps members apart) until every member has diverged; its scores are left
+  out of the setting's (`protocol.setting_scores`)."""
+  bad = ~np.isfinite(loss)
+  return [int((np.argmax(bad[:, m]) + 1) * t.steps_per_call) if bad[:, m].any() else None
+          for m in range(loss.shape[1])]
 
 
 def _save_or_stop(checkpoints: Optional[Checkpointer], state: dict, done: int,

@@ -26,6 +26,7 @@ carry `positions`, the coupled ids, for the model to read.
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from attention_jax.lab.tasks import packing
 from attention_jax.positional.abacus import sample_offset
@@ -46,6 +47,21 @@ def tokens_read(task, max_input_length: int) -> int:
   return sequence_length(task, max_input_length) - 1
 
 
+def check_lengths(lengths, max_input_length: int) -> None:
+  """ValueError for concrete `lengths` (any shape: addition's are operand
+  pairs) outside 1 … max_input_length: an input past the padded length would
+  not fit its sequence, and the task would build it wrong (an operand padded
+  by repeating a digit, its sum cut short) rather than fail. Traced lengths
+  (inside a compiled step) are the caller's to draw in range."""
+  if isinstance(lengths, jax.core.Tracer):
+    return
+  values = np.asarray(lengths)
+  if values.size and (values.min() < 1 or values.max() > max_input_length):
+    raise ValueError(f'input lengths {values.min()} … {values.max()} are outside 1 … '
+                     f'max_input_length={max_input_length}: raise max_input_length to the '
+                     'longest input, or draw the lengths within it.')
+
+
 def make_batch(task, key: jax.Array, lengths: jax.Array, *,
                vocab_size: int, max_input_length: int) -> dict[str, jax.Array]:
   """Builds examples with input lengths `lengths` `[B]` (traced, each in
@@ -57,6 +73,7 @@ def make_batch(task, key: jax.Array, lengths: jax.Array, *,
     loss_mask: bool, True on output tokens (y and EOS) of `targets`.
   and `lengths` `[B]`. Symbols are `NUM_SPECIAL … NUM_SPECIAL + vocab_size - 1`.
   """
+  check_lengths(lengths, max_input_length)
   tokens, is_output = task.example(key, lengths, vocab_size, max_input_length)
   batch = dict(inputs=tokens[:, :-1], targets=tokens[:, 1:],
                loss_mask=is_output[:, 1:], lengths=lengths)
@@ -83,6 +100,7 @@ def make_seq2seq_batch(task, key: jax.Array, lengths: jax.Array, *,
   if not task.has_seq2seq:
     raise ValueError(f'task {task.name!r} has no encoder-decoder layout (copy, reverse and '
                      'duplicate have).')
+  check_lengths(lengths, max_input_length)
   x, y, nx, ny = task.symbols(key, lengths, vocab_size, max_input_length)
   b = lengths.shape[0]
   source_mask = jnp.arange(x.shape[1])[None, :] < nx

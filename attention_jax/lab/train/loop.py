@@ -28,6 +28,7 @@ from attention_jax.lab import identity
 from attention_jax.lab import locks
 from attention_jax.lab import entries
 from attention_jax.lab import models
+from attention_jax.lab.train import divergence
 from attention_jax.lab.train.checkpoint import Checkpointer
 from attention_jax.lab.train.interrupt import TIME_BUDGET
 from attention_jax.lab.train.interrupt import TrainingInterrupted
@@ -141,7 +142,10 @@ def train(config: ml_collections.ConfigDict, workdir: Optional[str] = None,
   was too short to train one interval (`short_box_warning`). A workdir
   whose run was trained toward a smaller `train.num_steps` is extended to
   this one (`identity.extension`). Host-device syncs happen every
-  `config.train.log_every` steps only.
+  `config.train.log_every` steps only; a non-finite loss seen there stops
+  the run (`divergence`: `diverged.json`, its checkpoints kept, the last
+  metrics with `diverged_at`), and a run that diverged before is restored
+  but not trained.
 
   `workdir` is locked for the whole training (`lab.locks`): a second process
   on it is refused with one line naming the holder, or waits
@@ -241,6 +245,12 @@ def _train(configs, workdirs, *, progress, tx, vmapped=False, deadline=None):
                                       every=t_cfg.checkpoint_every or t_cfg.num_steps,
                                       keep=t_cfg.checkpoint_keep)
       states[i], start = checkpointers[i].restore_latest(states[i])
+  # Runs that diverged before (`divergence`): restored for evaluation, never
+  # trained or checkpointed again, their metrics.jsonl left as it is.
+  diverged = {i: d for i, w in enumerate(workdirs) if (d := divergence.diverged_at(w)) is not None}
+  for i in diverged:
+    checkpointers[i].close()
+    checkpointers[i] = None
   if vmapped:
     seed = jnp.asarray([c.train.seed for c in configs], jnp.int32)
     state = jax.tree.map(lambda *xs: jnp.stack(xs), *states)
@@ -251,9 +261,9 @@ def _train(configs, workdirs, *, progress, tx, vmapped=False, deadline=None):
     state = jax.device_put(states[0], NamedSharding(mesh, P()))  # replicated
     per_seed = lambda tree, i: tree
   del states, splits, built
-  writers = [MetricsWriter(w, start_step=start, tensorboard=t_cfg.tensorboard,
+  writers = [MetricsWriter(None if i in diverged else w, start_step=start, tensorboard=t_cfg.tensorboard,
                            config_json=c.to_json_best_effort(indent=1, sort_keys=True))
-             for c, w in zip(configs, workdirs)]
+             for i, (c, w) in enumerate(zip(configs, workdirs))]
   # Named by the run ('copy/rope seed0'): a study may show two setups' bars at once.
   desc = run_name(configs)
   show = jax.process_index() == 0
@@ -281,6 +291,8 @@ def _train(configs, workdirs, *, progress, tx, vmapped=False, deadline=None):
   try:
     with stop_requests() as stop:
       for step in range(start, t_cfg.num_steps, k):
+        if len(diverged) == num_seeds:
+          break  # every run diverged: nothing left to train
         with jax.set_mesh(mesh):  # attention's Pallas kernels run per device on it
           state, metrics = jitted(state, np.int32(step), seed)  # [k] or [k, S] per key
         pending.append(metrics)
@@ -293,16 +305,34 @@ def _train(configs, workdirs, *, progress, tx, vmapped=False, deadline=None):
           rate = (done - clock[1]) / (time.perf_counter() - clock[0])
           fetched = jax.device_get(pending)
           for i, writer in enumerate(writers):
+            if i in diverged:
+              continue
             rows = [{key: v[j][i] if vmapped else v[j] for key, v in m.items()}
                     for m in fetched for j in range(k)]
+            bad = divergence.first_nonfinite([float(m['loss']) for m in rows])
+            if bad is not None:  # the rows up to the first non-finite loss, then stop it
+              rows = rows[:bad + 1]
             for r, m in enumerate(rows):
               s = done - len(rows) + r
               last[i] = {key: float(v) for key, v in m.items()}
               last[i].update(step=s, learning_rate=float(schedule(s)), steps_per_second=rate)
               writer.write(last[i])
+            if bad is not None:
+              diverged[i] = last[i]['diverged_at'] = last[i]['step']
+              divergence.record(workdirs[i], last[i]['step'], last[i]['loss'])
+              if checkpointers[i]:  # the ones it has are kept; none with the diverged state
+                writer.flush()
+                checkpointers[i].close()
+                checkpointers[i] = None
+              if show:
+                bar.write(f'{desc}: seed {configs[i].train.seed} diverged (loss '
+                          f"{last[i]['loss']}) at step {last[i]['step']}; stopped, "
+                          'left out of the means')
           bar.update(len(fetched) * k)
-          bar.set_postfix(loss=f"{last[0]['loss']:.3f}",
-                          acc=f"{last[0]['token_accuracy']:.3f}", steps_s=f'{rate:.0f}')
+          shown = next((m for m in last if 'loss' in m), None)  # a diverged-before seed has none
+          if shown:
+            bar.set_postfix(loss=f"{shown['loss']:.3f}",
+                            acc=f"{shown['token_accuracy']:.3f}", steps_s=f'{rate:.0f}')
           pending = []
         save(done)
         if stopping:
