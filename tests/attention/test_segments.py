@@ -60,6 +60,21 @@ def _grads(f, *args):
   return jax.grad(_loss(f), argnums=(0, 1, 2))(*args)
 
 
+def _assert_packed_equals_alone(packed, alone, q, k, v):
+  """`packed` on the row of LENGTHS' documents gives, document by document,
+  what `alone` gives on that document: outputs, and gradients (the packed
+  loss is the sum of the documents' losses, so each document's slice of the
+  packed gradients is its own gradient alone)."""
+  out, grads, start = packed(q, k, v), _grads(packed, q, k, v), 0
+  for length in LENGTHS:
+    piece = lambda x: x[:, start:start + length]
+    doc = [piece(x) for x in (q, k, v)]
+    chex.assert_trees_all_close(piece(out), alone(*doc), atol=1e-5)
+    chex.assert_trees_all_close([piece(g) for g in grads], list(_grads(alone, *doc)),
+                                atol=1e-5)
+    start += length
+
+
 class PackedEqualsAloneTest(chex.TestCase, parameterized.TestCase):
 
   # (causal, window, grouped-query heads)
@@ -69,19 +84,8 @@ class PackedEqualsAloneTest(chex.TestCase, parameterized.TestCase):
     causal, window, gqa = structure
     q, k, v = _qkv(h_kv=1 if gqa else H)
     ids = jnp.asarray(_ids()[None])
-    packed = _attend(kernel, causal=causal, window=window, segment_ids=ids)
-    out, grads = packed(q, k, v), _grads(packed, q, k, v)
-    alone = _attend('dense', causal=causal, window=window)
-    start = 0
-    for length in LENGTHS:
-      piece = lambda x: x[:, start:start + length]
-      doc = [piece(x) for x in (q, k, v)]
-      chex.assert_trees_all_close(piece(out), alone(*doc), atol=1e-5)
-      # The packed loss is the sum of the documents' losses: each document's
-      # slice of the packed gradients is its own gradient alone.
-      chex.assert_trees_all_close([piece(g) for g in grads], list(_grads(alone, *doc)),
-                                  atol=1e-5)
-      start += length
+    _assert_packed_equals_alone(_attend(kernel, causal=causal, window=window, segment_ids=ids),
+                                _attend('dense', causal=causal, window=window), q, k, v)
 
   @parameterized.product(kernel=tuple(KERNELS), dtype=('float32', 'bfloat16', 'float16'))
   def test_segments_equal_the_dense_mask_in_every_dtype(self, kernel, dtype):
@@ -156,15 +160,9 @@ class PackedEqualsAloneTest(chex.TestCase, parameterized.TestCase):
   def test_segments_stick_breaking_dense_equals_each_document_alone(self):
     q, k, v = _qkv()
     ids = jnp.asarray(_ids()[None])
-    f = _attend('dense', causal=True, normalization='stick_breaking', segment_ids=ids)
-    alone = _attend('dense', causal=True, normalization='stick_breaking')
-    out, grads, start = f(q, k, v), _grads(f, q, k, v), 0
-    for length in LENGTHS:
-      doc = [x[:, start:start + length] for x in (q, k, v)]
-      chex.assert_trees_all_close(out[:, start:start + length], alone(*doc), atol=1e-5)
-      chex.assert_trees_all_close([g[:, start:start + length] for g in grads],
-                                  list(_grads(alone, *doc)), atol=1e-5)
-      start += length
+    _assert_packed_equals_alone(
+        _attend('dense', causal=True, normalization='stick_breaking', segment_ids=ids),
+        _attend('dense', causal=True, normalization='stick_breaking'), q, k, v)
 
 
 def _pallas(name, **call):
@@ -181,15 +179,8 @@ class PallasSegmentsTest(chex.TestCase, parameterized.TestCase):
   @parameterized.product(name=('pallas_gpu', 'pallas_tpu'), causal=(True, False))
   def test_segments_pallas_packed_row_equals_each_document_alone(self, name, causal):
     q, k, v = _qkv(h_kv=1)
-    f = _pallas(name, causal=causal, segment_ids=(_ids()[None],) * 2)
-    alone = _attend('dense', causal=causal)
-    out, grads, start = f(q, k, v), _grads(f, q, k, v), 0
-    for length in LENGTHS:
-      doc = [x[:, start:start + length] for x in (q, k, v)]
-      chex.assert_trees_all_close(out[:, start:start + length], alone(*doc), atol=1e-5)
-      chex.assert_trees_all_close([g[:, start:start + length] for g in grads],
-                                  list(_grads(alone, *doc)), atol=1e-5)
-      start += length
+    _assert_packed_equals_alone(_pallas(name, causal=causal, segment_ids=(_ids()[None],) * 2),
+                                _attend('dense', causal=causal), q, k, v)
 
   @parameterized.parameters(('pallas_gpu', 'float16'), ('pallas_gpu', 'bfloat16'),
                             ('pallas_tpu', 'bfloat16'))
