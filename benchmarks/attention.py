@@ -25,6 +25,7 @@ from absl import flags
 from flax import nnx
 
 import attention_jax as aj
+from benchmarks import timing
 from benchmarks.report import write_report
 
 _LENGTHS = flags.DEFINE_list('lengths', ['128', '512', '1024', '2048', '4096'], 'Lengths.')
@@ -132,17 +133,12 @@ def main(argv):
     for name, out in outputs.items():  # equal outputs before any timing
       np.testing.assert_allclose(out, outputs[baseline], atol=tol, rtol=tol,
                                  err_msg=name)
-    times = {name: [] for name in runners}
-    for _ in range(_REPEATS.value):  # interleaved: A B A B …
-      for name, run in runners.items():
-        start = time.perf_counter()
-        run()
-        times[name].append(time.perf_counter() - start)
-    base = statistics.median(times[baseline])
+    times = timing.interleaved(runners, _REPEATS.value, warm_up=False)  # each ran once above
+    ratio = timing.ratios(times, baseline)
     for name, ts in times.items():
       median = statistics.median(ts)
-      rows.append(dict(length=t, impl=name, median_s=median, min_s=min(ts), max_s=max(ts),
-                       ratio_to_pytorch=median / base, baseline=baseline,
+      rows.append(dict(length=t, impl=name, **timing.stats(ts),
+                       ratio_to_pytorch=ratio[name], baseline=baseline,
                        gflops=layer_gflop(t) / median,
                        fraction_of_peak=layer_gflop(t) / median / peak))
       print(rows[-1], flush=True)

@@ -10,14 +10,10 @@ gradients w.r.t. q, k and v. One warm-up call (compilation) and
 and attention_memory.md into --out.
 """
 
-import json
-import statistics
-import subprocess
-import sys
-
 from absl import app
 from absl import flags
 
+from benchmarks import timing
 from benchmarks.report import write_report
 
 _LENGTHS = flags.DEFINE_list('lengths', ['1024', '4096', '16384'], 'Sequence lengths.')
@@ -32,8 +28,6 @@ HEADS, HEAD_DIM = 8, 64
 
 
 def _child(impl: str, length: int, repeats: int, forward_only: bool) -> dict:
-  import resource  # pylint: disable=g-import-not-at-top
-  import time  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import attention_jax as aj  # pylint: disable=g-import-not-at-top
@@ -49,36 +43,24 @@ def _child(impl: str, length: int, repeats: int, forward_only: bool) -> dict:
   else:
     step = jax.jit(jax.value_and_grad(lambda q, k, v: jnp.sum(f(q, k, v) ** 2),
                                       argnums=(0, 1, 2)))
-  jax.block_until_ready(step(q, k, v))
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(step(q, k, v))
-    times.append(time.perf_counter() - start)
+  times = timing.interleaved({impl: lambda: step(q, k, v)}, repeats)[impl]
   return dict(impl=impl, length=length, mode='forward' if forward_only else 'forward+backward',
-              median_s=statistics.median(times),
-              min_s=min(times), max_s=max(times),
-              peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+              **timing.stats(times), peak_rss_mib=timing.peak_rss_mib())
 
 
 def main(argv):
   del argv
   if _CHILD.value:
     impl, length = _CHILD.value.split(',')
-    print('RESULT ' + json.dumps(_child(impl, int(length), _REPEATS.value, _FORWARD_ONLY.value)))
+    timing.emit(_child(impl, int(length), _REPEATS.value, _FORWARD_ONLY.value))
     return
   rows = []
   for length in map(int, _LENGTHS.value):
     for impl in _IMPLS.value:
-      proc = subprocess.run(
-          [sys.executable, '-m', 'benchmarks.attention_memory', f'--child={impl},{length}',
-           f'--repeats={_REPEATS.value}', f'--forward_only={_FORWARD_ONLY.value}'],
-          capture_output=True, text=True)
-      lines = [l for l in proc.stdout.splitlines() if l.startswith('RESULT ')]
-      if proc.returncode or not lines:
-        rows.append(dict(impl=impl, length=length, error=proc.stderr.strip().splitlines()[-1:]))
-      else:
-        rows.append(json.loads(lines[0][len('RESULT '):]))
+      rows.append(timing.run_child(
+          'benchmarks.attention_memory',
+          [f'--child={impl},{length}', f'--repeats={_REPEATS.value}',
+           f'--forward_only={_FORWARD_ONLY.value}'], impl=impl, length=length))
       print(rows[-1], flush=True)
   table = ['| impl | T | mode | median s (min–max) | peak RSS MiB |', '|---|---|---|---|---|']
   for r in rows:

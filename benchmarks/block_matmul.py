@@ -18,7 +18,6 @@ Writes block_matmul.json and block_matmul.md into --out.
 """
 
 import statistics
-import time
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +26,7 @@ import torch
 from absl import app
 from absl import flags
 
+from benchmarks import timing
 from benchmarks.report import write_report
 
 _HEADS = flags.DEFINE_integer('heads', 8, 'Rows per block step (heads_per_step).')
@@ -95,14 +95,7 @@ def main(argv):
         'xla': lambda: jax.block_until_ready(ours(jl, jr)),
         'torch.bmm': lambda: [torch.bmm(a_t, b_t, out=out_t) for _ in range(_INNER.value)],
     }
-    times = {n: [] for n in runners}
-    for run in runners.values():
-      run()  # warm-up (compilation)
-    for _ in range(_REPEATS.value):
-      for n, run in runners.items():
-        start = time.perf_counter()
-        run()
-        times[n].append(time.perf_counter() - start)
+    times = timing.interleaved(runners, _REPEATS.value)
     med = {n: statistics.median(t) for n, t in times.items()}
     rows.append(dict(matmul=name, einsum=spec, output=out_letters, sizes=sizes,
                      xla_gflops=gflop / med['xla'], torch_gflops=gflop / med['torch.bmm'],

@@ -17,8 +17,6 @@ kernel, and XLA's compiled temporary memory (`memory_analysis`) per kernel.
 Writes kernels.json and kernels.md into --out.
 """
 
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +26,7 @@ from absl import flags
 
 import attention_jax as aj
 from attention_jax.attention import scores
+from benchmarks import timing
 from benchmarks.report import write_report
 
 _IMPLS = flags.DEFINE_list('impls', ['chunked', 'dense'], 'Kernels (keys of KERNELS).')
@@ -103,17 +102,13 @@ def main(argv):
           np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
                                      atol=tol * max(1.0, float(np.abs(want).max())),
                                      rtol=tol, err_msg=f'{impl} vs {first}')
-      times = {impl: [] for impl in runners}
-      for _ in range(_REPEATS.value):
-        for impl, (compiled, _) in runners.items():
-          start = time.perf_counter()
-          jax.block_until_ready(compiled(q, k, v, g))
-          times[impl].append(time.perf_counter() - start)
-      base = statistics.median(times[first])
+      times = timing.interleaved({impl: lambda c=compiled: c(q, k, v, g)
+                                  for impl, (compiled, _) in runners.items()},
+                                 _REPEATS.value, warm_up=False)  # each ran once above
+      ratio = timing.ratios(times, first)
       for impl, ts in times.items():
-        rows.append(dict(spec=spec_name, length=t, impl=impl, median_s=statistics.median(ts),
-                         min_s=min(ts), max_s=max(ts), ratio=statistics.median(ts) / base,
-                         baseline=first, temp_bytes=runners[impl][1]))
+        rows.append(dict(spec=spec_name, length=t, impl=impl, **timing.stats(ts),
+                         ratio=ratio[impl], baseline=first, temp_bytes=runners[impl][1]))
         print(rows[-1], flush=True)
   lines = [f'Causal attention fwd+bwd, batch {b}, {h} heads of {d}, {_DTYPE.value}, JAX '
            f'{jax.__version__} on {jax.devices()[0].device_kind}.', '',

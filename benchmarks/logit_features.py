@@ -13,9 +13,6 @@ medians, min–max and the ratio to the plain call. Writes
 logit_features.json and logit_features.md into --out.
 """
 
-import statistics
-import time
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,6 +20,7 @@ from absl import app
 from absl import flags
 
 import attention_jax as aj
+from benchmarks import timing
 from benchmarks.report import write_report
 
 _LENGTHS = flags.DEFINE_list('lengths', ['1024', '4096'], 'Sequence lengths.')
@@ -75,16 +73,12 @@ def main(argv):
           np.testing.assert_allclose(np.asarray(x, np.float32), np.asarray(y, np.float32),
                                      atol=tol * max(1.0, float(np.abs(y).max())), rtol=tol,
                                      err_msg=f'{variant} vs dense at T={t}')
-    times = {variant: [] for variant in VARIANTS}
-    for _ in range(_REPEATS.value):
-      for variant, compiled in runners.items():
-        start = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
-        times[variant].append(time.perf_counter() - start)
-    base = statistics.median(times['plain'])
+    times = timing.interleaved({variant: lambda c=compiled: c(*args)
+                                for variant, compiled in runners.items()},
+                               _REPEATS.value, warm_up=False)  # each ran once above
+    ratio = timing.ratios(times, 'plain')
     for variant, ts in times.items():
-      rows.append(dict(length=t, variant=variant, median_s=statistics.median(ts),
-                       min_s=min(ts), max_s=max(ts), ratio=statistics.median(ts) / base))
+      rows.append(dict(length=t, variant=variant, **timing.stats(ts), ratio=ratio[variant]))
       print(rows[-1], flush=True)
   lines = [f"Chunked causal attention fwd+bwd, batch {b}, {h} heads of {d}, {_DTYPE.value}, "
            f"cap {_CAP.value}, {_REPEATS.value} timed calls each, JAX {jax.__version__} on "

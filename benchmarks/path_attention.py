@@ -20,14 +20,10 @@ calls; the median is reported, with each row's ratio to `fox` at its
 length. Writes path_attention.json and path_attention.md into --out.
 """
 
-import json
-import statistics
-import subprocess
-import sys
-
 from absl import app
 from absl import flags
 
+from benchmarks import timing
 from benchmarks.report import write_report
 
 _LENGTHS = flags.DEFINE_list('lengths', ['1024', '4096'], 'Sequence lengths.')
@@ -41,8 +37,6 @@ _CHILD = flags.DEFINE_string('child', None, 'Internal: run one configuration "im
 
 
 def _child(impl: str, length: int, heads: int, head_dim: int, repeats: int) -> dict:
-  import resource  # pylint: disable=g-import-not-at-top
-  import time  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import attention_jax as aj  # pylint: disable=g-import-not-at-top
@@ -65,37 +59,24 @@ def _child(impl: str, length: int, heads: int, head_dim: int, repeats: int) -> d
 
   step = jax.jit(jax.value_and_grad(lambda *a: jnp.sum(f(*a) ** 2), argnums=range(6)))
   args = (q, k, v, w, beta, log_f)
-  jax.block_until_ready(step(*args))
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(step(*args))
-    times.append(time.perf_counter() - start)
+  times = timing.interleaved({impl: lambda: step(*args)}, repeats)[impl]
   return dict(impl=impl, length=length, heads=heads, head_dim=head_dim,
-              mode='forward+backward', median_s=statistics.median(times),
-              min_s=min(times), max_s=max(times),
-              peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+              mode='forward+backward', **timing.stats(times), peak_rss_mib=timing.peak_rss_mib())
 
 
 def main(argv):
   del argv
   if _CHILD.value:
     impl, length = _CHILD.value.split(',')
-    print('RESULT ' + json.dumps(_child(impl, int(length), _HEADS.value, _HEAD_DIM.value,
-                                        _REPEATS.value)))
+    timing.emit(_child(impl, int(length), _HEADS.value, _HEAD_DIM.value, _REPEATS.value))
     return
   rows = []
   for length in map(int, _LENGTHS.value):
     for impl in _IMPLS.value:
-      proc = subprocess.run(
-          [sys.executable, '-m', 'benchmarks.path_attention', f'--child={impl},{length}',
-           f'--heads={_HEADS.value}', f'--head_dim={_HEAD_DIM.value}',
-           f'--repeats={_REPEATS.value}'], capture_output=True, text=True)
-      lines = [l for l in proc.stdout.splitlines() if l.startswith('RESULT ')]
-      if proc.returncode or not lines:
-        rows.append(dict(impl=impl, length=length, error=proc.stderr.strip().splitlines()[-1:]))
-      else:
-        rows.append(json.loads(lines[0][len('RESULT '):]))
+      rows.append(timing.run_child(
+          'benchmarks.path_attention',
+          [f'--child={impl},{length}', f'--heads={_HEADS.value}', f'--head_dim={_HEAD_DIM.value}',
+           f'--repeats={_REPEATS.value}'], impl=impl, length=length))
       print(rows[-1], flush=True)
   base = {r['length']: r for r in rows if r['impl'] == 'fox' and 'error' not in r}
   table = ['| impl | T | median s (min–max) | × fox time | peak RSS MiB | × fox memory |',

@@ -23,8 +23,6 @@ the accelerator run is the one that shows what bfloat16 buys. Writes
 precision.json and precision.md into --out.
 """
 
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +33,7 @@ from absl import flags
 from flax import nnx
 
 import attention_jax as aj
+from benchmarks import timing
 from benchmarks.report import write_report
 from configs import copy as copy_config
 
@@ -111,17 +110,9 @@ def timed(label: str, runs: dict, atol: float) -> list[dict]:
   outputs = {name: np.asarray(output(), np.float32) for name, (_, output) in runs.items()}
   np.testing.assert_allclose(outputs['bf16'], outputs['f32'], atol=atol, rtol=0,
                              err_msg=label)
-  for run, _ in runs.values():
-    run()  # warm-up
-  times = {name: [] for name in runs}
-  for _ in range(_REPEATS.value):
-    for name, (run, _) in runs.items():
-      start = time.perf_counter()
-      run()
-      times[name].append(time.perf_counter() - start)
-  base = statistics.median(times['f32'])
-  return [dict(case=label, precision=name, median_s=statistics.median(ts), min_s=min(ts),
-               max_s=max(ts), ratio_to_f32=statistics.median(ts) / base)
+  times = timing.interleaved({name: run for name, (run, _) in runs.items()}, _REPEATS.value)
+  ratio = timing.ratios(times, 'f32')
+  return [dict(case=label, precision=name, **timing.stats(ts), ratio_to_f32=ratio[name])
           for name, ts in times.items()]
 
 

@@ -43,6 +43,7 @@ from attention_jax.lab import models
 from attention_jax.lab import tasks
 from attention_jax.lab.train import make_optimizer
 from attention_jax.lab.train.step import step_function
+from benchmarks import timing
 from benchmarks.report import write_report
 from configs import copy as copy_config
 
@@ -205,19 +206,12 @@ def main(argv):
   results = []
   for num_seeds in (int(s) for s in _SEEDS.value):
     fns = _time_setup(config, num_seeds, steps)
-    for fn, _ in fns.values():
-      fn()  # warm-up: compile, allocate
-    times = {name: [] for name in fns}
-    for _ in range(_REPEATS.value):
-      for name, (fn, _) in fns.items():
-        start = time.perf_counter()
-        fn()
-        times[name].append(time.perf_counter() - start)
+    times = timing.interleaved({name: fn for name, (fn, _) in fns.items()}, _REPEATS.value)
     rate = {name: fns[name][1] * steps * tokens_per_step / statistics.median(ts)
             for name, ts in times.items()}
     for name, ts in times.items():
-      results.append(dict(seeds=fns[name][1], impl=name, median_s=statistics.median(ts),
-                          min_s=min(ts), max_s=max(ts), tokens_per_s=rate[name],
+      results.append(dict(seeds=fns[name][1], impl=name, **timing.stats(ts),
+                          tokens_per_s=rate[name],
                           speedup_vs_sequential=rate[name] / rate['sequential']))
   lines = [f'Training throughput, configs/copy.py default model ({config.model.encoding}, '
            f'd_model {config.model.d_model}, {config.model.num_layers} layers, batch '

@@ -62,7 +62,7 @@ def _run(mode: dict) -> tuple[float, list[dict], dict]:
 def main(argv):
   del argv
   results = {name: _run(mode) for name, mode in _MODES.items()}
-  (base, base_rows, _), (fast, fast_rows, _) = results['sequential'], results['fast']
+  (base, base_rows, _), (_, fast_rows, _) = results['sequential'], results['fast']
   worst = max(abs(a[k] - b[k]) for a, b in zip(base_rows, fast_rows)
               for k in ('token_accuracy', 'exact_match'))
   same_cells = [(a['encoding'], a['seed'], a['length']) for a in base_rows] == [

@@ -24,7 +24,6 @@ Writes train_step.json and train_step.md into --out.
 """
 
 import statistics
-import time
 
 import jax
 import jax.numpy as jnp
@@ -41,6 +40,7 @@ from attention_jax.lab import models
 from attention_jax.lab.scoring import masked_metrics
 from attention_jax.lab.train.step import step_function
 from attention_jax.lab.train.step import train_step
+from benchmarks import timing
 from benchmarks.report import write_report
 from benchmarks.torch_lm import TorchLM
 from configs import copy as copy_config
@@ -119,21 +119,13 @@ def main(argv):
 
   rows_fns = {'ours-train-loop': train_loop, 'ours-1-step-calls': dispatch,
               'ours-fused': run_fused, 'pytorch-eager': pytorch_eager}
-  for fn in rows_fns.values():  # warm-up: compile, allocate
-    fn()
-  times = {name: [] for name in rows_fns}
-  for _ in range(_REPEATS.value):
-    for name, fn in rows_fns.items():
-      start = time.perf_counter()
-      fn()
-      times[name].append(time.perf_counter() - start)
-  base = statistics.median(times['pytorch-eager'])
+  times = timing.interleaved(rows_fns, _REPEATS.value)
+  ratio = timing.ratios(times, 'pytorch-eager')
   rows = []
   for name, ts in times.items():
     med = statistics.median(ts)
-    rows.append(dict(impl=name, median_s=med, min_s=min(ts), max_s=max(ts),
-                     ms_per_step=1e3 * med / steps, tokens_per_s=tokens_per_step * steps / med,
-                     ratio_to_pytorch=med / base))
+    rows.append(dict(impl=name, **timing.stats(ts), ms_per_step=1e3 * med / steps,
+                     tokens_per_s=tokens_per_step * steps / med, ratio_to_pytorch=ratio[name]))
   loop_s = statistics.median(times['ours-train-loop'])
   overhead = (loop_s - statistics.median(times['ours-fused'])) / loop_s
   lines = [f'Study train step (configs/copy.py default: {m.encoding}, d_model {m.d_model}, '
