@@ -2,7 +2,8 @@
 
 * The slow tier is the `slow` marker: `make test` runs `-m "not slow"`,
   `.ci/run` then `-m slow` (process-level tests that train several tiny
-  models, a wheel installed away from the clone).
+  models, a wheel installed away from the clone, and the cases of a sweep
+  past its `tiers.fast_cases` count).
 * One persistent XLA compilation cache (`.jax_cache/` in the clone, ignored
   by git): the suite's processes compile the same small programs many times
   over, and a rerun finds them compiled.
@@ -11,9 +12,12 @@
   lies under one folder per test process, removed when that process ends.
 """
 
+import inspect
 import os
 import shutil
 import tempfile
+
+import pytest
 
 _KEY = 'ATTENTION_JAX_TEST_TMPDIR'
 
@@ -34,6 +38,32 @@ def pytest_configure(config):
   os.environ[_KEY + '_PREVIOUS'] = previous or ''
   os.environ['TMPDIR'] = folder
   tempfile.tempdir = folder
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(config, items):
+  """The cases of a `tiers.fast_cases(n)` sweep from the n-th on join the slow tier."""
+  del config
+  for item in items:
+    count = getattr(getattr(item, 'function', None), 'fast_cases', None)
+    if count is not None and _case_index(item) >= count:
+      item.add_marker(pytest.mark.slow)
+
+
+def _case_index(item) -> int:
+  """Where a parameterized case comes in its sweep: absl (and chex's variants
+  over it) add the cases to the class in the order the decorator lists them,
+  each wrapping the one test function."""
+  cls = next(c for c in item.cls.__mro__ if item.name in vars(c))
+  test = _sweep_of(vars(cls)[item.name])
+  cases = [name for name, member in vars(cls).items()
+           if callable(member) and _sweep_of(member) == test]
+  return cases.index(item.name)
+
+
+def _sweep_of(member):
+  original = inspect.unwrap(member)
+  return original.__module__, original.__qualname__
 
 
 def pytest_unconfigure(config):

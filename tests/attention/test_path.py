@@ -13,6 +13,7 @@ from attention_jax.attention import path
 from attention_jax.attention.capabilities import Request
 from attention_jax.attention.path_blockwise import AUTO_MIN_KEYS
 from attention_jax.attention.path_blockwise import path_attention
+from tests import tiers
 
 
 # ---------------------------------------------------------------------------
@@ -201,6 +202,7 @@ class PathAgainstFlaReferenceTest(chex.TestCase, parameterized.TestCase):
 class PathBlockwiseTest(chex.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(('b1', 1), ('b3', 3), ('b4', 4), ('b8', 8), ('b32', 32))
+  @tiers.fast_cases(3)
   def test_blockwise_equals_dense_for_any_block_size(self, block_size):
     q, k, v, w, beta, g = inputs(t=13)
     scale = q.shape[-1] ** -0.5

@@ -15,6 +15,8 @@ from absl.testing import absltest
 from absl.testing import parameterized
 from jax.experimental.pallas import tpu as pltpu
 
+from tests import tiers
+
 import attention_jax as aj
 from attention_jax.attention import dispatch
 from attention_jax.attention.pallas_gpu import pallas_gpu_attention
@@ -29,9 +31,11 @@ H, D = 2, 8
 LENGTHS = (5, 11, 3, 9)  # four documents in one row of 28 tokens
 T = sum(LENGTHS)
 ATOL = {'float32': 1e-5, 'bfloat16': 2e-2, 'float16': 2e-3}
-# Chunk sizes that cut documents and leave a partial last block.
-KERNELS = {'dense': {}, 'chunked_scan': dict(chunk_size=8, chunked_strategy='scan'),
-           'chunked_unrolled': dict(chunk_size=8, chunked_strategy='unrolled')}
+# Chunk sizes that cut documents and leave a partial last block. The scan
+# comes first: sweeps keep their first cases in `make test` (tests/tiers.py),
+# and the scan is the chunked path 'auto' takes.
+KERNELS = {'chunked_scan': dict(chunk_size=8, chunked_strategy='scan'),
+           'chunked_unrolled': dict(chunk_size=8, chunked_strategy='unrolled'), 'dense': {}}
 
 
 def _ids(lengths=LENGTHS):
@@ -80,6 +84,7 @@ class PackedEqualsAloneTest(chex.TestCase, parameterized.TestCase):
   # (causal, window, grouped-query heads)
   @parameterized.product(kernel=tuple(KERNELS), structure=(
       (True, None, False), (True, 4, True), (False, None, True), (False, 4, False)))
+  @tiers.fast_cases(4)  # the scan in every structure
   def test_segments_packed_row_equals_each_document_alone(self, kernel, structure):
     causal, window, gqa = structure
     q, k, v = _qkv(h_kv=1 if gqa else H)
@@ -88,6 +93,7 @@ class PackedEqualsAloneTest(chex.TestCase, parameterized.TestCase):
                                 _attend('dense', causal=causal, window=window), q, k, v)
 
   @parameterized.product(kernel=tuple(KERNELS), dtype=('float32', 'bfloat16', 'float16'))
+  @tiers.fast_cases(3)  # the scan in every dtype
   def test_segments_equal_the_dense_mask_in_every_dtype(self, kernel, dtype):
     # Ids that are not runs (interleaved documents) and a batch of two rows:
     # the scan's block skipping must keep every block where an id meets.
@@ -106,6 +112,7 @@ class PackedEqualsAloneTest(chex.TestCase, parameterized.TestCase):
         [g.astype(jnp.float32) for g in _grads(ref, q, k, v)], atol=5 * ATOL[dtype])
 
   @parameterized.product(kernel=tuple(KERNELS))
+  @tiers.fast_cases(1)
   def test_segments_cross_attention_with_other_key_ids(self, kernel):
     t_q = 12
     q = _qkv(t=t_q)[0]
@@ -118,6 +125,7 @@ class PackedEqualsAloneTest(chex.TestCase, parameterized.TestCase):
     chex.assert_trees_all_close(_grads(f, q, k, v), _grads(ref, q, k, v), atol=1e-5)
 
   @parameterized.product(kernel=tuple(KERNELS), dtype=('float32', 'bfloat16', 'float16'))
+  @tiers.fast_cases(3)
   def test_segments_padded_queries_give_zeros_and_finite_gradients(self, kernel, dtype):
     # The last 6 tokens are padding: as queries they meet no key (a fully
     # masked row), as keys no query meets them.
@@ -176,7 +184,8 @@ def _pallas(name, **call):
 class PallasSegmentsTest(chex.TestCase, parameterized.TestCase):
   """Our Pallas kernels build the segment mask per tile (interpret mode)."""
 
-  @parameterized.product(name=('pallas_gpu', 'pallas_tpu'), causal=(True, False))
+  @parameterized.product(causal=(True, False), name=('pallas_gpu', 'pallas_tpu'))
+  @tiers.fast_cases(2)  # each kernel, causal
   def test_segments_pallas_packed_row_equals_each_document_alone(self, name, causal):
     q, k, v = _qkv(h_kv=1)
     _assert_packed_equals_alone(_pallas(name, causal=causal, segment_ids=(_ids()[None],) * 2),
@@ -184,6 +193,7 @@ class PallasSegmentsTest(chex.TestCase, parameterized.TestCase):
 
   @parameterized.parameters(('pallas_gpu', 'float16'), ('pallas_gpu', 'bfloat16'),
                             ('pallas_tpu', 'bfloat16'))
+  @tiers.fast_cases(1)
   def test_segments_pallas_padding_and_interleaved_ids_in_half_precision(self, name, dtype):
     ids = jnp.asarray(np.stack([_ids(), np.arange(T) % 3]), jnp.int32)
     q_ids, kv_ids = padding_ids(ids, jnp.asarray(np.arange(T) < T - 4)[None].repeat(2, 0))
@@ -296,6 +306,7 @@ class SoftCapSinksSegmentsTest(chex.TestCase, parameterized.TestCase):
     self.assertGreater(float(jnp.abs(grads[3]).min()), 1e-3)  # the sinks do take part
 
   @parameterized.product(kernel=tuple(KERNELS), causal=(True, False))
+  @tiers.fast_cases(2)
   def test_segments_with_soft_cap_and_sinks_equal_each_document_alone(self, kernel, causal):
     ids = jnp.asarray(_ids()[None])
     packed = lambda q, k, v, sinks: _attend(
@@ -312,6 +323,7 @@ class SoftCapSinksSegmentsTest(chex.TestCase, parameterized.TestCase):
     self._check_against_each_document(packed, causal)
 
   @parameterized.parameters(*KERNELS)
+  @tiers.fast_cases(1)
   def test_segments_padded_queries_with_sinks_give_zeros_not_nan(self, kernel):
     # A padded query meets no key: the sink takes all its weight, out = 0.
     real = jnp.asarray((np.arange(T) < T - 6)[None])

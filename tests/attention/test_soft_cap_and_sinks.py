@@ -20,6 +20,7 @@ import attention_jax as aj
 from attention_jax.attention import Request
 from attention_jax.attention import select_implementation
 from attention_jax.attention.chunked import chunked_attention
+from tests import tiers
 
 B, T, H, D = 2, 37, 4, 8  # T not a multiple of the chunks: padding paths run
 SINKS = jnp.array([0.5, -1.0, 2.0, 0.0])
@@ -100,6 +101,7 @@ class ChunkedTest(chex.TestCase, parameterized.TestCase):
 
   @chex.variants(with_jit=True)
   @parameterized.product(strategy=('scan', 'unrolled'), features=FEATURES, h_kv=(H, 2))
+  @tiers.fast_cases(6)  # the scan, every feature and head layout
   def test_chunked_equals_dense_in_outputs_and_gradients(self, strategy, features, h_kv):
     cap, sinks = features
     q, k, v = _qkv(h_kv=h_kv)

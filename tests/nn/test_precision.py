@@ -14,8 +14,14 @@ from absl.testing import parameterized
 from flax import nnx
 
 import attention_jax as aj
+from tests import tiers
 
-ENCODINGS = sorted(aj.ENCODINGS)
+# One encoding of each kind of parameter and computation first (a rotation,
+# an additive bias, cumulative gates, a learned table, a convolution,
+# Householder products): the sweeps keep these in `make test` and run the
+# others in the slow tier (tests/tiers.py).
+FAST = ('rope', 'alibi', 'fox', 'learned', 'mta', 'path')
+ENCODINGS = FAST + tuple(sorted(set(aj.ENCODINGS) - set(FAST)))
 LOW = (jnp.bfloat16, jnp.float16)
 # Half an ulp of the low dtype at 1 (bfloat16: 8 significant bits, float16: 11),
 # times a budget for the roundings of one layer (projections, MLP, norms).
@@ -59,6 +65,7 @@ def _modules(**precision):
 class LowPrecisionModelTest(chex.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters((name, name) for name in ENCODINGS)
+  @tiers.fast_cases(len(FAST))
   def test_low_precision_model_is_close_to_float32(self, encoding):
     reference = _lm(encoding)
     tokens = jax.random.randint(jax.random.key(1), (2, 9), 0, 11)
@@ -75,6 +82,7 @@ class LowPrecisionModelTest(chex.TestCase, parameterized.TestCase):
                                  err_msg=f'{encoding} in {jnp.dtype(dtype).name}')
 
   @parameterized.named_parameters((name, name) for name in ENCODINGS)
+  @tiers.fast_cases(len(FAST))
   def test_every_encoding_stores_its_parameters_in_param_dtype(self, encoding):
     enc = aj.make_encoding(encoding, d_model=16, num_heads=2, max_positions=16,
                            rngs=nnx.Rngs(0), param_dtype=jnp.bfloat16)

@@ -8,20 +8,10 @@ addition (`addition.py`: two operands of their own lengths, index hints,
 Abacus digits) is a task of the decoder protocol only.
 
 `TASKS` maps a name to its decoder-protocol task. Training and evaluation
-never ask which task they run: a task of the protocol is a frozen dataclass
-with `name`, `pack`, `coupled_max_position`, `digit_tokens` (what Abacus
-embeddings count; () for none), `has_seq2seq`, `ceiling`, and
-
-  configure(task_config) -> task   its options from the config's `task` group
-  num_symbols(vocab_size) -> int   token ids past the NUM_SPECIAL special ones
-  sequence_length(max_length)      tokens of the longest example, padded length
-  max_number_length(max_length)    the longest run of symbols one id table covers
-  fixed_lengths(n, batch_size)     the `lengths` of an evaluation at length n
-  sample_lengths(key, B, lo, hi)   training lengths, `[B]` or `[B, 2]`
-  example(key, lengths, vocab_size, max_length) -> (tokens, is_output)
-                                   `BOS input SEP output EOS PAD …`, `[B, L]`
-  coupled_positions(tokens, lengths, offset), random_offsets(key, lengths,
-  max_position), check_max_position(max_position, max_length): coupling.
+never ask which task they run: every task offers the members of
+`protocol.Task` (a `typing.Protocol`: its name and options, its lengths and
+layout, `example`, `encode` / `decode` for a finished run, and the coupled
+position ids), and `tests/lab/test_task_protocol.py` checks each one.
 
 A new task of the copy family is a rule and one `copy.TASKS` entry; any
 other task is a `TaskSpec` (a generator `(key, length, B, N) -> (x, y)`)
@@ -44,6 +34,7 @@ from attention_jax.lab.tasks import copy
 from attention_jax.lab.tasks import coupling
 from attention_jax.lab.tasks import packing
 from attention_jax.lab.tasks.decoder import DecoderTask
+from attention_jax.lab.tasks.protocol import Task
 from attention_jax.lab.tasks.spec import LEVELS
 from attention_jax.lab.tasks.spec import TaskSpec
 from attention_jax.lab.tasks.chomsky.registry import TASKS as CHOMSKY_TASKS
