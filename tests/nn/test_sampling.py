@@ -12,6 +12,7 @@ from flax import nnx
 import attention_jax as aj
 from attention_jax.nn.sampling import process_logits
 from attention_jax.nn.sampling import sample_tokens
+from tests import tiers
 
 V = 11
 STARTS = []  # the `start` of each FixedLogits.extend call that ran
@@ -85,6 +86,7 @@ class ProcessLogitsTest(chex.TestCase, parameterized.TestCase):
 
   @parameterized.product(temperature=(0.5, 1.0, 3.0), top_k=(None, 1, 4, V),
                          top_p=(None, 0.05, 0.5, 0.9, 1.0))
+  @tiers.fast_cases(20)  # the first temperature with every top-k and top-p
   def test_kept_tokens_match_the_reference_warpers(self, temperature, top_k, top_p):
     logits = jax.random.normal(jax.random.key(7), (6, V)) * 2
     got = process_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
