@@ -1,13 +1,18 @@
 r"""PaTH attention, blockwise vs dense, beside FoX: time and peak memory.
 
   python -m benchmarks.path_attention [--lengths=1024,4096] \
-      [--impls=path_blockwise,path_dense,fox] [--out=benchmarks/results]
+      [--impls=path_blockwise,path_blockwise_stored,path_dense,fox] \
+      [--out=benchmarks/results]
 
 Causal attention forward+backward (gradients w.r.t. q, k, v, w, β and the
 gates) through `scaled_dot_product_attention`:
 
 * `path_blockwise`: PaTH-FoX's specs (`HouseholderScores`, `DifferenceBias`)
-  on the 'path_blockwise' kernel, O(T) memory;
+  on the 'path_blockwise' kernel, O(T) memory, each query block's walk
+  re-run in the backward pass;
+* `path_blockwise_stored`: the same kernel's function with
+  `rematerialize=False`: autodiff stores the walks (the other way to get
+  gradients, O(T² D / C));
 * `path_dense`: the same specs on the 'dense' kernel (the transformed
   logits materialised, O(T²));
 * `fox`: forgetting attention alone (`DifferenceBias`) on 'auto' (the
@@ -27,7 +32,8 @@ from benchmarks import timing
 from benchmarks.report import write_report
 
 _LENGTHS = flags.DEFINE_list('lengths', ['1024', '4096'], 'Sequence lengths.')
-_IMPLS = flags.DEFINE_list('impls', ['path_blockwise', 'path_dense', 'fox'],
+_IMPLS = flags.DEFINE_list('impls', ['path_blockwise', 'path_blockwise_stored', 'path_dense',
+                                     'fox'],
                            'Implementations.')
 _HEADS = flags.DEFINE_integer('heads', 4, 'Attention heads.')
 _HEAD_DIM = flags.DEFINE_integer('head_dim', 64, 'Head dimension.')
@@ -40,6 +46,7 @@ def _child(impl: str, length: int, heads: int, head_dim: int, repeats: int) -> d
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import attention_jax as aj  # pylint: disable=g-import-not-at-top
+  from attention_jax.attention.path_blockwise import path_attention  # pylint: disable=g-import-not-at-top
 
   keys = jax.random.split(jax.random.key(0), 6)
   q, k, v, w = (jax.random.normal(kk, (1, length, heads, head_dim)) for kk in keys[:4])
@@ -52,6 +59,8 @@ def _child(impl: str, length: int, heads: int, head_dim: int, repeats: int) -> d
     gate = aj.DifferenceBias(c, c)
     if impl == 'fox':
       return aj.scaled_dot_product_attention(q, k, v, score_bias=gate, causal=True)
+    if impl == 'path_blockwise_stored':
+      return path_attention(q, k, v, w, beta, (c, c), rematerialize=False)
     spec = aj.attention.HouseholderScores(q, k, w, beta)
     kernel = 'dense' if impl == 'path_dense' else 'path_blockwise'
     return aj.scaled_dot_product_attention(q, k, v, score_bias=(spec, gate), causal=True,

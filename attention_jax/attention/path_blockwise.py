@@ -12,7 +12,11 @@ Gradients are JAX's own, with each query block's walk rematerialised
 (`jax.checkpoint` around the block inside `lax.map`): the forward keeps
 nothing per block, and the backward of one block re-runs its walk, so the
 peak stays O(T · (C + D)) per example and head rather than the O(T² D / C)
-that differentiating the walks directly would store.
+that differentiating the walks directly would store. On the project's CPU it
+is also the faster of the two (`rematerialize=False` keeps the walks;
+`benchmarks/path_attention.py` times both): the stored walks cost more
+memory traffic than the re-run costs arithmetic. A hand-written backward (as
+FLA's Triton kernels have) is not built.
 
 A forget gate (PaTH-FoX) comes as a `DifferenceBias`: q_values[i] −
 k_values[j] added to the scaled scores (FLA adds the gate before scaling:
@@ -57,7 +61,8 @@ def _gate_rows(values, h: int, c: int):
 
 
 def path_attention(q, k, v, w, beta, gate=None, *, kv_lengths=None,
-                   block_size: Optional[int] = None) -> jnp.ndarray:
+                   block_size: Optional[int] = None,
+                   rematerialize: bool = True) -> jnp.ndarray:
   """Causal PaTH attention, O(T) memory (module docstring).
 
   Args:
@@ -70,6 +75,8 @@ def path_attention(q, k, v, w, beta, gate=None, *, kv_lengths=None,
       the scaled scores), or a pair (q_values, k_values) of those.
     kv_lengths: int `[B]`: keys at index >= kv_lengths[b] are padding.
     block_size: tokens per block (default 64, at most T).
+    rematerialize: re-run each query block's walk in the backward pass
+      (O(T) memory) rather than store it (module docstring).
 
   Returns:
     `[B, T, H, D_v]` in the dtype of v.
@@ -144,7 +151,11 @@ def path_attention(q, k, v, w, beta, gate=None, *, kv_lengths=None,
     _, l, acc = stats
     return jnp.where(l[..., None] > 0, acc / jnp.where(l > 0, l, 1.0)[..., None], 0.0)
 
-  out = jax.lax.map(jax.checkpoint(query_block), jnp.arange(n))  # [n, B, H, c, D_v]
+  if not isinstance(rematerialize, bool):
+    raise TypeError(f'path_attention: rematerialize must be True or False, got '
+                    f'{rematerialize!r}.')
+  walk = jax.checkpoint(query_block) if rematerialize else query_block
+  out = jax.lax.map(walk, jnp.arange(n))  # [n, B, H, c, D_v]
   out = jnp.moveaxis(out, 0, 2).reshape(b, h, n * c, -1)[:, :, :t]
   return jnp.swapaxes(out, 1, 2).astype(v.dtype)
 

@@ -231,6 +231,15 @@ class PathBlockwiseTest(chex.TestCase, parameterized.TestCase):
                                 jax.grad(loss('dense'), argnums=range(6))(*args),
                                 atol=1e-4, rtol=1e-4)
 
+  def test_stored_walks_give_the_rematerialised_gradients(self):
+    q, k, v, w, beta, g = inputs(t=13)
+    c = jnp.cumsum(g, 1) * q.shape[-1] ** -0.5
+    grads = lambda remat: jax.grad(lambda *a: jnp.sum(jnp.tanh(path_attention(
+        *a, c, block_size=4, rematerialize=remat))), argnums=range(5))(q, k, v, w, beta)
+    chex.assert_trees_all_close(grads(False), grads(True), atol=1e-5, rtol=1e-5)
+    with self.assertRaisesRegex(TypeError, 'rematerialize must be True or False'):
+      path_attention(q, k, v, w, beta, c, rematerialize='no')
+
   def test_padding_keys_by_kv_lengths(self):
     q, k, v, w, beta, _ = inputs(t=10)
     lengths = jnp.array([10, 6])
