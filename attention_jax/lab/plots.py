@@ -113,8 +113,9 @@ def plot_extrapolation(rows: Sequence[dict], path: str, *, train_min: Optional[i
         # Variants of an encoding (NAME:randomized, rope+pi) dashed.
         count = f'{seeds} seed' + ('s' if seeds != '1' else '') if seeds.isdigit() else (
             f'seeds: {seeds}')
-        line, = ax.plot(lengths, 100 * mean, label=f'{label} ({count})', lw=1.8,
-                        color=_color(i), ls='--' if (':' in enc or '+' in enc) else '-')
+        # A dot at each measured length: where the line is data, not interpolation.
+        line, = ax.plot(lengths, 100 * mean, label=f'{label} ({count})', lw=1.8, marker='o',
+                        ms=3, color=_color(i), ls='--' if (':' in enc or '+' in enc) else '-')
         ax.fill_between(lengths, 100 * lo, 100 * hi, color=line.get_color(), alpha=0.18)
       if metric == 'exact_match':
         _draw_ceiling(ax, [c for c in ceilings if c['task'] == task

@@ -6,6 +6,7 @@ no text cut at the figure's border. Tiny synthetic results, no training."""
 
 import os
 import tempfile
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -15,8 +16,12 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 import numpy as np
 
 from attention_jax.lab import plots
+from attention_jax.lab import results
+from attention_jax.lab import workdirs
 from attention_jax.lab.chomsky import report
 from configs import chomsky as chomsky_config
+
+plots_extrapolation = plots.plot_extrapolation  # the real one, under a patch
 
 # Text may touch the border by antialiasing, not by more.
 _PIXEL = 1.0
@@ -109,6 +114,23 @@ class ExtrapolationFigureTest(FigureTestCase):
       self.assertNotIn(colour, references)
       self.assertGreater(np.ptp(colour), 0.1, f'{colour} is a grey')
     self.assert_nothing_cut(fig)
+
+  def test_redrawn_study_keeps_its_ceilings(self):
+    study = tempfile.mkdtemp()
+    rows = [dict(r, generated_exact_match='', generation_agreement='', config_hash='x',
+                 version='0', diverged_at='', num_steps=5)
+            for r in _extrapolation_rows(('rope',))]
+    results.write_rows(os.path.join(study, 'results.csv'), rows)
+    results.write_ceiling(os.path.join(study, 'ceiling.csv'), _ceilings())
+    drawn = []
+    with mock.patch.object(plots, 'plot_extrapolation',
+                           lambda *a, **k: drawn.append(plots_extrapolation(*a, **k))):
+      workdirs.redraw([study], tempfile.mkdtemp(), log=lambda _: None)
+      workdirs.redraw([study, study + '/'], tempfile.mkdtemp(), log=lambda _: None)
+    alone, two = ([l.get_label() for l in fig.axes[1].get_lines()
+                   if l.get_label().startswith('ceiling')] for fig in drawn)
+    self.assertEqual(alone, [f'ceiling: {k}-gram lookup' for k in plots.CEILING_KS])
+    self.assertEmpty(two)  # two studies' ceilings may differ: none drawn
 
   def test_training_curves_are_inside_the_figure(self):
     curves = {f'copy/entry{i}/seed0': [dict(step=s, loss=1.0 / s, token_accuracy=s / 10)
