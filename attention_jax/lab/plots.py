@@ -132,6 +132,19 @@ def plot_extrapolation(rows: Sequence[dict], path: str, *, train_min: Optional[i
   return _save(fig, path, dpi=120)
 
 
+def length_ticks(evaluated: Sequence[int]) -> list[int]:
+  """The x ticks of a log2 length axis over the `evaluated` lengths: each of
+  them when they are few, else the powers of 2 between the first and the
+  last, and those two (a power too close to either left out, so no two labels
+  overlap)."""
+  if len(evaluated) <= 8:
+    return sorted(evaluated)
+  lo, hi = evaluated[0], evaluated[-1]
+  powers = [2 ** k for k in range(int(np.ceil(np.log2(lo))), int(np.floor(np.log2(hi))) + 1)]
+  apart = [p for p in powers if min(abs(np.log2(p / lo)), abs(np.log2(hi / p))) >= 0.4]
+  return sorted({lo, hi, *apart})
+
+
 def _mark_training(ax, marks: dict, evaluated: Sequence[int]) -> None:
   """The training range shaded and its marks (`training_marks`) on a log2
   length axis limited to the `evaluated` lengths (a mark past them is left
@@ -147,8 +160,8 @@ def _mark_training(ax, marks: dict, evaluated: Sequence[int]) -> None:
                label=None if shared else mark)
   ax.set_xscale('log', base=2)
   ax.set_xlim(lo / 2 ** 0.15, hi * 2 ** 0.15)  # a little room around the end points
-  ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda x, _: f'{x:g}'))
-  ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+  ax.set_xticks(length_ticks(evaluated), [f'{n:g}' for n in length_ticks(evaluated)])
+  ax.xaxis.set_minor_locator(ticker.NullLocator())
   if shared and shown:
     ax.set_xlabel('input length (log scale; dotted: '
                   + ', '.join(mark for _, mark in shown) + ')')
@@ -291,7 +304,7 @@ def plot_grid(rows: Sequence[dict], path: str, *, train_max: int) -> Optional[Fi
   columns = min(5, len(labels))
   lines = -(-len(labels) // columns)
   # 'compressed': constrained for panels of a fixed aspect (square cells).
-  fig, axes = plt.subplots(lines, columns, figsize=(2.6 * columns + 1.2, 3.0 * lines + 0.4),
+  fig, axes = plt.subplots(lines, columns, figsize=(2.5 * columns + 1.0, 3.0 * lines + 0.4),
                            squeeze=False, layout='compressed')
   for ax in axes.flat[len(labels):]:
     ax.axis('off')
@@ -324,7 +337,7 @@ def plot_grid(rows: Sequence[dict], path: str, *, train_max: int) -> Optional[Fi
     if n % columns == 0:  # one label per row of panels: no overlap with the next
       ax.set_ylabel('digits of a', fontsize=8)
     ax.set_title(label if task == 'addition' else f'{task}: {label}', fontsize=9)
-  fig.colorbar(image, ax=axes, shrink=0.8, label='exact match (%, mean over seeds)')
+  fig.colorbar(image, ax=axes, shrink=0.8, pad=0.02, label='exact match (%, mean over seeds)')
   fig.suptitle(f'Exact match (%); red: both operands within the training range '
                f'(<= {train_max} digits)', fontsize=10)
   return _save(fig, path, dpi=110)

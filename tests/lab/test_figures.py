@@ -91,11 +91,21 @@ class ExtrapolationFigureTest(FigureTestCase):
                   if len(set(line.get_xdata())) == 1 and line.get_linestyle() == ':']
       self.assertEqual(vertical, [8])  # 2× L_train only
       self.assertEqual(ax.get_xlabel(), 'input length (log scale; dotted: 2× L_train)')
-      self.assertEqual([t.get_text() for t in ax.get_xticklabels()
-                        if lo <= t.get_position()[0] <= hi], ['1', '2', '4', '8'])
+      self.assertEqual([t.get_text() for t in ax.get_xticklabels()],
+                       ['1', '2', '3', '4', '6', '8'])
       for line in ax.get_lines():  # ceilings past the last length are not drawn
         self.assertLessEqual(max(line.get_xdata(), default=0), 8)
     self.assert_nothing_cut(fig)
+
+  def test_length_ticks_are_the_evaluated_lengths_or_spaced_powers_of_two(self):
+    self.assertEqual(plots.length_ticks([1, 2, 3, 4, 6, 8]), [1, 2, 3, 4, 6, 8])
+    cpu = list(range(1, 9)) + [10, 12, 16, 24, 32, 48, 64]  # configs/copy.py's lengths
+    self.assertEqual(plots.length_ticks(cpu), [1, 2, 4, 8, 16, 32, 64])
+    # 512 past the end; 256 kept, 0.97 octaves from 500.
+    self.assertEqual(plots.length_ticks(list(range(1, 41)) + [100, 200, 300, 500]),
+                     [1, 2, 4, 8, 16, 32, 64, 128, 256, 500])
+    # 32 is 0.17 octaves from 36: its label would overlap; 4 is 0.42 from 3.
+    self.assertEqual(plots.length_ticks(list(range(3, 12)) + [36]), [3, 4, 8, 16, 36])
 
   def test_extrapolation_entry_colours_are_never_a_reference_grey(self):
     labels = [f'entry{i}' for i in range(24)]  # past tab20's grey at i = 7 and 17
