@@ -20,6 +20,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from attention_jax.lab import presets
+from attention_jax.lab.diagnose import figure_paths
 from attention_jax.lab.diagnose import run_diagnostics
 from attention_jax.lab.process import entry_point
 from attention_jax.lab.command_line import parse_flags
@@ -35,8 +36,8 @@ def main(argv):
   flag = flags.FLAGS['config']
   given = flag.present or config_flags.get_override_values(flag)
   with entry_point(_CONFIG.value, _WORKDIR.value):
-    run_diagnostics(_CONFIG.value if given else None, _WORKDIR.value)
-  print(f'Figures: {_WORKDIR.value}/attention_maps_*.png, attention_entropy.png')
+    curves = run_diagnostics(_CONFIG.value if given else None, _WORKDIR.value)
+  print('Figures: ' + ', '.join(figure_paths(_WORKDIR.value, curves)))
 
 
 if __name__ == '__main__':

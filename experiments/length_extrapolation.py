@@ -9,6 +9,7 @@ run into --workdir/TASK/LABEL/seedN/. Re-running the same command skips finished
 See configs/copy.py for presets, expected results and runtime.
 """
 
+import os
 import sys
 
 from absl import app
@@ -35,7 +36,10 @@ def main(argv):
   if not written:  # a shard whose sweep is unfinished: the last shard writes them
     return
   print(open(f'{_WORKDIR.value}/summary.md').read())
-  print(f'Figure: {_WORKDIR.value}/extrapolation.png')
+  # The addition study draws its grid too: every figure written, by its path.
+  figures = [os.path.join(_WORKDIR.value, name)
+             for name in ('extrapolation.png', 'addition_grid.png')]
+  print('Figures: ' + ', '.join(p for p in figures if os.path.exists(p)))
   diverged = divergence.message(written)
   if diverged:  # after every other run and the outputs: nothing is lost by stopping
     print(diverged, file=sys.stderr)

@@ -8,7 +8,8 @@ Reads only files, from workdirs of either kind in any order: a study's
 the runs' metrics.jsonl) and experiments.train's (config.json, metrics.jsonl,
 results.csv once evaluated). Writes extrapolation.png and training_curves.png
 into --out (default: the single workdir, or the current folder for several);
-with several workdirs, lines are labelled `workdir:encoding`. With exactly
+with several workdirs, lines are labelled `workdir:encoding`; one study's
+figure keeps its k-gram ceilings (ceiling.csv). With exactly
 two, also comparison.md: per (task, encoding, length bucket) each one's
 accuracy and the second minus the first, printed too. A folder that is
 neither kind: one line on stderr, exit 2, nothing written.

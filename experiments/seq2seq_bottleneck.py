@@ -47,7 +47,10 @@ def main(argv):
   with entry_point(_CONFIG.value, _WORKDIR.value):  # validates, then creates the workdir
     run_study(_CONFIG.value, _WORKDIR.value, on_trained=draw_heatmap)
   print(open(os.path.join(_WORKDIR.value, 'summary.md')).read())
-  print(f'Figures: {_WORKDIR.value}/extrapolation.png, attention_heatmap.png')
+  # Each figure by its whole path (the heat map only where an attention model ran).
+  figures = [os.path.join(_WORKDIR.value, name)
+             for name in ('extrapolation.png', 'attention_heatmap.png')]
+  print('Figures: ' + ', '.join(p for p in figures if os.path.exists(p)))
 
 
 if __name__ == '__main__':

@@ -86,6 +86,17 @@ def stored_config(workdir: str) -> ml_collections.ConfigDict:
                     'TASK/LABEL/seedN/config.json); expected a trained study or run.')
 
 
+def maps_path(workdir: str, label: str) -> str:
+  """Where the attention maps of the entry `label` go."""
+  return os.path.join(workdir, f'attention_maps_{label.replace(":", "_")}.png')
+
+
+def figure_paths(workdir: str, labels) -> list[str]:
+  """The figures `run_diagnostics` wrote for the entries `labels`."""
+  return [maps_path(workdir, label) for label in labels] + [
+      os.path.join(workdir, 'attention_entropy.png')]
+
+
 def run_diagnostics(config: Optional[ml_collections.ConfigDict], workdir: str, *,
                     num_examples: int = 64,
                     log: Callable[[str], None] = print) -> dict[str, np.ndarray]:
@@ -168,7 +179,7 @@ def _draw(c, model, workdir, task, train_max, long, num_examples, log) -> np.nda
     weights = evaluate.attention_weights(model, batch)
     panels.append((f'{label}, input length {n}', [w[0] for w in weights]))
     tokens.append(np.asarray(batch['inputs'][0]))
-  path = os.path.join(workdir, f'attention_maps_{label.replace(":", "_")}.png')
+  path = maps_path(workdir, label)
   plot_attention_maps(panels, path, tokens)
   curve = evaluate.entropy_by_position(model, batches[long])
   train_tokens = tasks.tokens_read(task, train_max)

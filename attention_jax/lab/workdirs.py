@@ -14,6 +14,7 @@ Nothing here writes; a folder that is neither kind is a `ConfigError` naming
 it and what was expected, raised before any tool creates its output folder.
 """
 
+import csv
 import dataclasses
 import json
 import os
@@ -39,12 +40,14 @@ class Workdir:
   """What one workdir holds. `rows`: its result rows (results.csv's schema);
   `curves`: metrics.jsonl rows by run label ('TASK/LABEL/seedN');
   `train_range`: the training lengths (min, max), None if no config.json
-  says (the union when its runs differ)."""
+  says (the union when its runs differ); `ceilings`: a study's ceiling.csv
+  rows (`ambiguity.ceiling_rows`), empty without one."""
   path: str
   kind: str  # 'study' | 'run'
   rows: list[dict]
   curves: dict[str, list[dict]]
   train_range: Optional[tuple[int, int]]
+  ceilings: list[dict] = dataclasses.field(default_factory=list)
 
 
 def kind(path: str) -> str:
@@ -101,6 +104,19 @@ def _read_rows(path: str) -> list[dict]:
     raise ConfigError(f'{path} is not a readable results.csv ({e}).') from None
 
 
+def _read_ceilings(workdir: str) -> list[dict]:
+  """`workdir`'s ceiling.csv rows, typed; [] if it has none."""
+  path = os.path.join(workdir, 'ceiling.csv')
+  if not os.path.exists(path):
+    return []
+  try:
+    with open(path, newline='') as f:
+      return [dict(task=r['task'], length=int(r['length']), k=int(r['k']),
+                   unambiguous=float(r['unambiguous'])) for r in csv.DictReader(f)]
+  except (ValueError, KeyError, TypeError) as e:
+    raise ConfigError(f'{path} is not a readable ceiling.csv ({e}).') from None
+
+
 def _range(configs: Sequence[ml_collections.ConfigDict]) -> Optional[tuple[int, int]]:
   ranges = {(c.task.train_min_length, c.task.train_max_length) for c in configs}
   if not ranges:
@@ -120,8 +136,8 @@ def read(path: str) -> Workdir:
     if os.path.exists(metrics):
       curves[f'{config.task.name}/{run_label(config)}/seed{config.train.seed}'] = (
           metric_rows(metrics))
-    csv = os.path.join(path, 'results.csv')
-    rows = _read_rows(csv) if os.path.exists(csv) else []
+    table = os.path.join(path, 'results.csv')
+    rows = _read_rows(table) if os.path.exists(table) else []
     configs = [config]
   else:
     rows = study_rows(path)
@@ -134,7 +150,7 @@ def read(path: str) -> Workdir:
   if not rows and not curves:
     raise ConfigError(f'--workdir={path} holds no results.csv or metrics.jsonl yet; expected '
                       f'{EXPECTED}.')
-  return Workdir(path, found, rows, curves, _range(configs))
+  return Workdir(path, found, rows, curves, _range(configs), _read_ceilings(path))
 
 
 def names(paths: Sequence[str]) -> list[str]:
@@ -166,7 +182,9 @@ def redraw(paths: Sequence[str], out: Optional[str] = None,
   written = []
   if rows:
     written.append(os.path.join(out, 'extrapolation.png'))
-    plots.plot_extrapolation(rows, written[-1], train_ranges=ranges)
+    # One workdir's ceilings as its own figure shows them; several may differ.
+    ceilings = read_all[0].ceilings if len(read_all) == 1 else ()
+    plots.plot_extrapolation(rows, written[-1], train_ranges=ranges, ceilings=ceilings)
   if curves:
     written.append(os.path.join(out, 'training_curves.png'))
     plots.plot_training_curves(curves, written[-1])

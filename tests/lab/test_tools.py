@@ -179,6 +179,9 @@ class AttentionMapsTest(absltest.TestCase):
     self.assertEqual(out.returncode, 0, out.stderr[-2000:])
     for name in ('attention_maps_alibi.png', 'attention_entropy.png'):
       self.assertGreater(os.path.getsize(os.path.join(STUDY, name)), 1000, name)
+    paths = [os.path.join(STUDY, name) for name in ('attention_maps_alibi.png',
+                                                     'attention_entropy.png')]
+    self.assertIn('Figures: ' + ', '.join(paths), out.stdout)  # each by its whole path
 
   def test_a_run_workdir(self):
     draw_in = os.path.join(tempfile.mkdtemp(), 'one')

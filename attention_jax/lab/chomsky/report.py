@@ -16,6 +16,7 @@ from typing import Optional
 import matplotlib
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
 import numpy as np
 
 from attention_jax.lab import results
@@ -215,15 +216,18 @@ def beside_published(combined, task_names, encodings) -> list[str]:
   return lines
 
 
-def figure(combined, task_names, encodings, path: str, title: str = '') -> None:
-  """Heatmap of the official score (best run, %), tasks grouped by level."""
+def figure(combined, task_names, encodings, path: str, title: str = '') -> Figure:
+  """Heatmap of the official score (best run, %), tasks grouped by level;
+  returns the figure (closed to pyplot) for tests to read."""
   grid = np.full((len(task_names), len(encodings)), np.nan)
   for i, name in enumerate(task_names):
     for j, enc in enumerate(encodings):
       s = combined.get((name, enc))
       if s is not None:
         grid[i, j] = 100 * s['score_official']['max']
-  fig, ax = plt.subplots(figsize=(1.0 * len(encodings) + 3.5, 0.42 * len(task_names) + 1.8))
+  # Tall enough for the colorbar's label whatever the number of tasks.
+  fig, ax = plt.subplots(figsize=(1.0 * len(encodings) + 3.5,
+                                  max(3.0, 0.42 * len(task_names) + 1.8)), layout='constrained')
   image = ax.imshow(grid, cmap='viridis', vmin=0, vmax=100, aspect='auto')
   for i in range(grid.shape[0]):
     for j in range(grid.shape[1]):
@@ -242,9 +246,12 @@ def figure(combined, task_names, encodings, path: str, title: str = '') -> None:
   for i in range(1, len(levels)):
     if levels[i] != levels[i - 1]:
       ax.axhline(i - 0.5, color='white', linewidth=2.5)
-  fig.colorbar(image, ax=ax, label='accuracy on test lengths (%), best run')
-  ax.set_title(title, fontsize=9)
-  fig.tight_layout()
+  bar = fig.colorbar(image, ax=ax)
+  bar.set_label('accuracy on test lengths (%)\nbest run over seeds', fontsize=8)
+  bar.ax.tick_params(labelsize=8)
+  shown = [LEVEL_TITLES[lv] for lv in LEVEL_TITLES if lv in levels]  # the tick labels' key
+  ax.set_title('\n'.join(filter(None, [title, ', '.join(shown)])), fontsize=9)
   fig.savefig(path + '.tmp.png', dpi=130)
   plt.close(fig)
   os.replace(path + '.tmp.png', path)
+  return fig
