@@ -1,0 +1,263 @@
+"""The hard evaluation set: the cases it names, batches that hold them, a
+predictor failing only the top-digit carry exposed there while the uniform
+evaluation looks fine, an older finished workdir scored on a rerun without
+training, and the tables' worst-seed cells."""
+
+import csv
+import os
+import shutil
+import tempfile
+
+import chex
+import jax
+import numpy as np
+from absl.testing import absltest
+from absl.testing import parameterized
+
+from attention_jax.lab import results
+from attention_jax.lab import tasks
+from attention_jax.lab.evaluate import hard
+from attention_jax.lab.evaluate import hard_report
+from attention_jax.lab.scoring import prediction_metrics
+from attention_jax.lab.tasks import addition
+from attention_jax.lab.tasks import hard_cases
+
+
+def _digits(v):
+  return len(str(v))
+
+
+def _carry_into(a, b, column):
+  """Whether column `column` (0 = units) of a + b receives a carry."""
+  low = 10 ** column
+  return (a % low) + (b % low) >= low
+
+
+class AdditionCasesTest(parameterized.TestCase):
+
+  @parameterized.parameters(1, 2, 3, 12)
+  def test_hard_addition_cases_are_the_named_sums(self, n):
+    found = hard_cases.addition_cases(n)
+    by_case = {}
+    for case, (a, b) in found:
+      by_case.setdefault(case, []).append((a, b))
+      self.assertEqual(max(_digits(a), _digits(b)), n, (case, a, b))
+    nines = 10 ** n - 1
+    self.assertEqual(by_case['9…9 + 1'], [(nines, 1)])
+    self.assertEqual(by_case['1 + 9…9'], [(1, nines)])
+    self.assertEqual(by_case['9…9 + 9…9'], [(nines, nines)])
+    for a, b in by_case['sum gains a digit']:
+      self.assertEqual(_digits(a + b), n + 1)
+    for a, b in by_case['0 + n digits']:
+      self.assertEqual((a, _digits(b)), (0, n))
+    for a, b in by_case['n digits + 0']:
+      self.assertEqual((_digits(a), b), (n, 0))
+    if n == 1:
+      self.assertEqual(by_case['0 + 0'], [(0, 0)])
+      self.assertNotIn('9…9 + 9…9 (n−1)', by_case)
+      self.assertNotIn('carry into the top digit', by_case)
+      return
+    self.assertNotIn('0 + 0', by_case)
+    self.assertEqual(by_case['9…9 + 9…9 (n−1)'], [(nines, 10 ** (n - 1) - 1)])
+    self.assertEqual(by_case['9…9 (n−1) + 9…9'], [(10 ** (n - 1) - 1, nines)])
+    for a, b in by_case['carry into the top digit']:
+      self.assertTrue(_carry_into(a, b, n - 1), (a, b))
+      self.assertEqual((_digits(a), _digits(b)), (n, n))
+    for a, b in by_case['carry chain into the top digit']:
+      self.assertTrue(all(_carry_into(a, b, k) for k in range(1, n)), (a, b))
+    for a, b in by_case['1 digit + n digits']:
+      self.assertEqual((_digits(a), _digits(b)), (1, n))
+    for a, b in by_case['n digits + 1 digit']:
+      self.assertEqual((_digits(a), _digits(b)), (n, 1))
+    if n >= 3:
+      self.assertIn((10 ** (n - 1) + 1, 10 ** (n - 1) + 1), by_case['internal zeros'])
+      for a, b in by_case['internal zeros']:
+        self.assertIn('0', str(a)[1:-1] + str(b)[1:-1])
+    # The same sums on every call: every model and rerun is scored on them.
+    self.assertEqual(found, hard_cases.addition_cases(n))
+
+
+class StringCasesTest(parameterized.TestCase):
+
+  @parameterized.parameters(5, 17, 18, 40)
+  def test_hard_strings_are_low_entropy_as_named(self, n):
+    found = hard_cases.string_cases(n, vocab_size=16)
+    names = {c for c, _ in found}
+    for case, x in found:
+      self.assertLen(x, n)
+      self.assertTrue(all(0 <= s < 16 for s in x))
+      if case == 'one symbol':
+        self.assertLen(set(x), 1)
+      elif case == 'two symbols':
+        self.assertLessEqual(len(set(x)), 2)
+      elif case.startswith('period'):
+        p = int(case.split()[1])
+        self.assertTrue(all(x[i] == x[i + p] for i in range(n - p)))
+        self.assertLen(set(x), p)
+      elif case == 'repeated 8-gram':
+        pairs = [(i, j) for i in range(n - 8) for j in range(i + 1, n - 8)
+                 if x[i:i + 8] == x[j:j + 8] and x[i + 8] != x[j + 8]]
+        self.assertNotEmpty(pairs, x)
+    self.assertIn('one symbol', names)
+    self.assertEqual('repeated 8-gram' in names, n >= 18)
+    self.assertEqual('period 3' in names, n >= 6)
+
+
+class HardBatchesTest(parameterized.TestCase):
+
+  @parameterized.parameters(dict(coupled=False), dict(coupled=True))
+  def test_hard_addition_batches_hold_the_sums(self, coupled):
+    task = tasks.get_task('addition')
+    if coupled:
+      import dataclasses  # pylint: disable=import-outside-toplevel
+      task = dataclasses.replace(task, coupled_max_position=20)
+    lengths = [1, 3, 5]
+    batches = hard.hard_batches(task, lengths, train_max=3, vocab_size=10)
+    expected = [x for n in lengths for x in hard_cases.addition_cases(n)]
+    got = []
+    for labels, batch in batches:
+      self.assertEqual('positions' in batch, coupled)
+      targets, mask = np.asarray(batch['targets']), np.asarray(batch['loss_mask'])
+      inputs = np.asarray(batch['inputs'])
+      for row, (n, case) in enumerate(labels):
+        written = [int(t) for t in targets[row][mask[row]]]
+        self.assertEqual(written[-1], tasks.EOS)
+        total = task.decode(written[:-1])
+        plus = list(inputs[row]).index(addition.PLUS)
+        a = task.decode(inputs[row][1:plus])
+        got.append((n, case, a, total))
+    self.assertEqual([(c, a, a + b) for c, (a, b) in expected], [g[1:] for g in got])
+
+  @parameterized.parameters('copy', 'reverse', 'duplicate')
+  def test_hard_string_batches_hold_the_rule(self, name):
+    task = tasks.get_task(name)
+    for layout in ('decoder_only', 'seq2seq'):
+      (labels, batch), = hard.hard_batches(task, [4, 6], train_max=8, vocab_size=16,
+                                           layout=layout)
+      strings = [x for n in (4, 6) for _, x in hard_cases.string_cases(n, 16)]
+      self.assertLen(labels, len(strings))
+      targets, mask = np.asarray(batch['targets']), np.asarray(batch['loss_mask'])
+      for row, x in enumerate(strings):
+        y = {'copy': x, 'reverse': x[::-1], 'duplicate': x + x}[name]
+        written = [int(t) - tasks.NUM_SPECIAL for t in targets[row][mask[row]]]
+        self.assertEqual(written, y + [tasks.EOS - tasks.NUM_SPECIAL])
+
+  def test_tasks_without_a_hard_set_give_none(self):
+    self.assertEqual(hard.hard_batches(tasks.get_task('parity_check'), [3], train_max=3,
+                                       vocab_size=2), [])
+
+
+def _top_carry_failure(batch):
+  """A predictor right everywhere except where the top column of the
+  longer operand sums to 9 without its carry and receives one (999 + 99,
+  9…9 + 1): it ignores that carry and stops, as the issue's failing seed
+  does. Teacher-forced predictions `[B, T]`."""
+  inputs, targets = np.asarray(batch['inputs']), np.asarray(batch['targets'])
+  mask = np.asarray(batch['loss_mask'])
+  predictions = targets.copy()
+  decode = tasks.get_task('addition').decode
+  for row in range(inputs.shape[0]):
+    tokens = list(inputs[row])
+    plus, equals = tokens.index(addition.PLUS), tokens.index(tasks.SEP)
+    a, b = decode(tokens[1:plus]), decode(tokens[plus + 1:equals])
+    n = max(len(str(a)), len(str(b)))
+    top = a // 10 ** (n - 1) % 10 + b // 10 ** (n - 1) % 10
+    if top == 9 and _carry_into(a, b, n - 1):
+      first = int(np.argmax(mask[row]))
+      predictions[row, first + n - 1] = targets[row, first + n - 1] + 1  # wrong top digit
+  return predictions
+
+
+class FailureExposedTest(absltest.TestCase):
+
+  def test_hard_set_exposes_a_model_failing_only_the_top_carry(self):
+    task = tasks.get_task('addition')
+    lengths = [2, 5, 10, 20]
+    batches = hard.hard_batches(task, lengths, train_max=10, vocab_size=10)
+    rows = []
+    for labels, batch in batches:
+      exact = prediction_metrics(_top_carry_failure(batch), batch, per_example=True)['exact']
+      rows += hard.score(labels, exact)
+    for n in lengths:
+      uniform = tasks.make_batch(task, jax.random.key(n), task.fixed_lengths(n, 256),
+                                 vocab_size=10, max_input_length=max(n, 10))
+      scores = prediction_metrics(_top_carry_failure(uniform), uniform)
+      self.assertGreater(float(scores['exact_match']), 0.9, n)  # looks fine
+      at_n = [r for r in rows if r['length'] == n]
+      total = sum(r['exact_match'] * r['count'] for r in at_n) / sum(r['count'] for r in at_n)
+      self.assertLess(total, 0.9, n)
+      failed = {r['case'] for r in at_n if r['exact_match'] < 1}
+      self.assertContainsSubset({'9…9 + 1', '1 + 9…9', '9…9 + 9…9 (n−1)'}, failed)
+      self.assertNoCommonElements({'0 + n digits', 'n digits + 0'}, failed)
+    # The table says so: uniform beside hard, the failing seed named.
+    table = [dict(task='addition', encoding='coupled', seed=0, length=r['length'],
+                  **{k: r[k] for k in ('case', 'count', 'exact_match')}) for r in rows]
+    table += [dict(r, seed=1, exact_match=1.0) for r in table]
+    text = hard_report.hard_markdown(table)
+    self.assertIn('| coupled | 1 of 2 |', text)
+    self.assertIn('| coupled | 0 | 2 | 9…9 + 1, 1 + 9…9', text)
+
+
+def _row(seed, length, exact, hard_exact=None, encoding='rope', diverged_at=None):
+  return dict(task='copy', encoding=encoding, seed=seed, length=length, token_accuracy=exact,
+              exact_match=exact, generated_exact_match=None, generation_agreement=None,
+              config_hash='x', version='0', diverged_at=diverged_at, num_steps=5,
+              hard_exact_match=hard_exact)
+
+
+class TablesTest(absltest.TestCase):
+
+  def test_worst_seed_cell_and_one_seed_without_std(self):
+    self.assertEqual(results.cell([0.9, 1.0, 0.5]), '80.0 ± 21.6 (worst 50.0)')
+    self.assertEqual(results.cell([0.25]), '25.0')
+    self.assertEqual(results.cell([]), '—')
+    rows = [_row(s, n, e, h) for s, e, h in ((0, 1.0, 1.0), (1, 0.9, 0.4))
+            for n in (1, 2, 4)]
+    text = results.summary_markdown(rows, 1, 2)
+    self.assertIn('### copy: hard cases, exact match', text)
+    # 1–L: seed 0 100, seed 1 90 (exact), 40 (hard); the worst seed beside the mean.
+    self.assertIn('| rope | 2 | 95.0 ± 5.0 (worst 90.0) |', text)
+    self.assertIn('| rope | 2 | 70.0 ± 30.0 (worst 40.0) |', text)
+    one = results.summary_markdown([_row(0, 1, 0.5)], 1, 2)
+    self.assertIn('| rope | 1 | 50.0 |', one)
+    self.assertNotIn('±', one.split('\n', 3)[-1].replace('mean ± std', ''))
+    self.assertNotIn('hard cases', one)
+
+  def test_old_results_csv_reads_without_the_hard_column(self):
+    folder = tempfile.mkdtemp()
+    path = os.path.join(folder, 'results.csv')
+    fields = [f for f in results.FIELDS if f != results.HARD]
+    with open(path, 'w', newline='') as f:
+      writer = csv.DictWriter(f, fieldnames=fields)
+      writer.writeheader()
+      writer.writerow({k: v for k, v in _row(0, 1, 1.0).items() if k in fields})
+    self.assertIsNone(results.read_rows(path)[0][results.HARD])
+    results.write_rows(path, [_row(0, 1, 1.0, 0.5)])
+    self.assertEqual(results.read_rows(path)[0][results.HARD], 0.5)
+
+  def test_runs_singular_and_k_as_int(self):
+    text = '\n'.join(results.coverage_summary(['copy/rope/seed0'], [], []))
+    self.assertIn('cover 1 run,', text)
+    self.assertIn('cover 2 runs,', '\n'.join(results.coverage_summary(['a', 'b'], [], [])))
+    base = dict(task='copy', encoding='rope', seed=0, length=4, exact=1.0, drift=0.0,
+                **{'early EOS': 0.0, 'missed EOS': 0.0}, ceiling_3=1.0, ceiling_4=1.0)
+    none = results.failures_markdown([dict(base, ambiguity=0.0, mean_k_ambiguity=0.0)], 2)
+    self.assertIn('| 0.0 | 0.0 | 0.0 | 0.0 | — |', none)
+    some = results.failures_markdown([dict(base, ambiguity=0.5, mean_k_ambiguity=3.0)], 2)
+    self.assertIn('| 3 | 100.0 | 100.0 |', some)
+
+  def test_hard_column_joins_results_and_diverged_left_out(self):
+    hard_rows = [dict(task='copy', encoding='rope', seed=s, length=1, case=c, count=k,
+                      exact_match=e)
+                 for s, c, k, e in ((0, 'one symbol', 2, 1.0), (0, 'two symbols', 2, 0.5),
+                                    (1, 'one symbol', 2, 0.0), (1, 'two symbols', 2, 0.0))]
+    joined = hard_report.with_hard([_row(0, 1, 1.0), _row(1, 1, 1.0, diverged_at=3),
+                                    _row(0, 2, 1.0)], hard_rows)
+    self.assertEqual([r[results.HARD] for r in joined], [0.75, 0.0, None])
+    text = hard_report.hard_markdown(hard_rows, joined)
+    self.assertIn('| rope | 0 of 1 (1 diverged, left out) | 75.0 |', text)
+    self.assertIn('| rope | 1/1 | 0/1 |', text)
+
+
+if __name__ == '__main__':
+  absltest.main()
