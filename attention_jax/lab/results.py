@@ -127,13 +127,13 @@ def steps_by_entry(rows: Sequence[dict]) -> dict:
 
 def cell(values: Sequence[float]) -> str:
   """Per-seed values as a table cell, in percent: the value of one seed;
-  of several, 'mean ± std (worst W)', W the lowest seed's."""
+  of several, 'mean ± std, worst W', W the lowest seed's."""
   if not values:
     return '—'
   if len(values) == 1:
     return f'{100 * values[0]:.1f}'
-  return (f'{100 * np.mean(values):.1f} ± {100 * np.std(values):.1f} '
-          f'(worst {100 * np.min(values):.1f})')
+  return (f'{100 * np.mean(values):.1f} ± {100 * np.std(values):.1f}, '
+          f'worst {100 * np.min(values):.1f}')
 
 
 def plural(count: int, noun: str) -> str:
@@ -150,8 +150,8 @@ def summary_markdown(rows: Sequence[dict], train_min: int, train_max: int) -> st
   """Per task and metric, a table: encoding × (training range, 2×, 4×, 8×),
   each cell mean ± std over seeds, in percent."""
   lines = diverged_note(rows)
-  lines += [f'Accuracy in percent, mean ± std over seeds and, in brackets, the worst '
-           f'seed\'s (one seed: its value). Training inputs had '
+  lines += [f'Accuracy in percent, mean ± std over seeds, then the worst seed\'s (one '
+           f'seed: its value). Training inputs had '
            f'lengths {train_min}–{train_max} (L_train = {train_max}); "1–L" '
            'averages every evaluated length up to L_train, the other columns '
            'are the accuracy at exactly that input length.', '']
@@ -255,7 +255,8 @@ def comparison_markdown(rows_a: Sequence[dict], rows_b: Sequence[dict], *,
   (a, b), (max_a, max_b) = names, train_max
   same = max_a == max_b
   lines = [f'## {b} against {a}', '',
-           'Accuracy in percent, mean ± std over seeds (seeds in brackets); '
+           'Accuracy in percent, mean ± std over seeds and the worst seed\'s (seeds in '
+           'brackets; one seed: its value); '
            f'{b} − {a} in percentage points of the means. Length buckets are '
            'those of summary.md: "1–L" averages every evaluated length up to '
            'L_train, "k×L" is the accuracy at exactly k × L_train '

@@ -57,7 +57,7 @@ def hard_markdown(hard_rows: Sequence[dict], rows: Sequence[dict] = ()) -> str:
     lines += [f'### {task}: hard cases, per seed', '',
               f'Every hard case at every evaluated length ({span}; tasks/hard_cases.py). '
               '"exact on all": seeds that get every hard input right; the next column is the '
-              'exact match over all of them, mean ± std over seeds (worst seed in brackets). '
+              'exact match over all of them, mean ± std over seeds and the worst seed\'s. '
               'Diverged runs are left out.', '',
               '| encoding | exact on all | all hard inputs |', '|---|---|---|']
     by_seed = {}
