@@ -259,5 +259,27 @@ class TablesTest(absltest.TestCase):
     self.assertIn('| rope | 1/1 | 0/1 |', text)
 
 
+class SuiteTablesTest(absltest.TestCase):
+
+  def _record(self, scores, diverged_at):
+    from attention_jax.lab.chomsky import protocol  # pylint: disable=import-outside-toplevel
+    per_seed = [dict(score_official=x, score_plain=x, in_range=x) for x in scores]
+    record = dict(task='parity_check', level='regular', encoding='alibi', learning_rate=1e-3,
+                  seeds=list(range(len(scores))), per_seed=per_seed,
+                  scores=protocol.setting_scores(per_seed, diverged_at),
+                  train_accuracy=[0.5], diverged_at=diverged_at)
+    for name in ('score_official', 'score_plain', 'in_range'):  # a record of older code
+      del record['scores'][name]['min']
+    return record
+
+  def test_suite_cells_show_worst_seed_and_one_seed_alone(self):
+    from attention_jax.lab.chomsky import report  # pylint: disable=import-outside-toplevel
+    key = ('parity_check', 'alibi')
+    three = report.combine([self._record([0.6, 0.9, 0.1], [None, None, 5])])[key]
+    self.assertEqual(report.spread(three['score_official']), '75.0 ± 15.0, worst 60.0')
+    one = report.combine([self._record([0.4], [None])])[key]
+    self.assertEqual(report.spread(one['score_official']), '40.0')
+
+
 if __name__ == '__main__':
   absltest.main()

@@ -5,7 +5,8 @@ show them).
 
 A setting's score (task × encoding): its best run over seeds and learning
 rates (`max`, the papers' statistic), and the mean ± std over the seeds of
-the learning rate with the best mean. A seed whose training loss became
+the learning rate with the best mean, with that learning rate's worst seed
+(`min`) beside it (one seed: its score alone). A seed whose training loss became
 non-finite (`trainer.diverged_steps`) is left out of both, marked in
 results.csv's `diverged_at` and counted in summary.md and the figure.
 """
@@ -29,7 +30,8 @@ SCORES = ('score_official', 'score_plain', 'in_range')
 
 
 def combine(records: list[dict]) -> dict:
-  """(task, encoding) -> {score: {'max', 'mean', 'std', 'learning_rate'}, and
+  """(task, encoding) -> {score: {'max', 'mean', 'std', 'min', 'seeds',
+  'learning_rate'} (min and seeds: of the learning rate with the best mean), and
   'train_accuracy': the best learning rate's last-chunk training accuracy,
   mean over seeds}."""
   by_setting = {}
@@ -43,8 +45,10 @@ def combine(records: list[dict]) -> dict:
     for name in SCORES:
       best = max(group, key=lambda r: finite(r['scores'][name]['mean']))
       maxima = [r['scores'][name]['max'] for r in group if np.isfinite(r['scores'][name]['max'])]
+      kept = [s[name] for s, step in zip(best['per_seed'], _diverged(best)) if step is None]
       scores[name] = dict(max=max(maxima) if maxima else float('nan'),
                           mean=best['scores'][name]['mean'], std=best['scores'][name]['std'],
+                          min=float(np.min(kept)) if kept else float('nan'), seeds=len(kept),
                           learning_rate=best['learning_rate'])
     best = max(group, key=lambda r: finite(r['scores']['score_official']['mean']))
     scores['train_accuracy'] = float(np.mean(best.get('train_accuracy', [np.nan])))
@@ -119,6 +123,15 @@ def _pct(x):
   return f'{100 * x:.1f}'
 
 
+def spread(score: dict) -> str:
+  """'mean ± std, worst W' of a `combine` score over its seeds; one seed's
+  score alone (no spread to show)."""
+  if score.get('seeds', 2) == 1:
+    return _pct(score['mean'])
+  worst = f', worst {_pct(score["min"])}' if 'min' in score else ''
+  return f'{_pct(score["mean"])} ± {_pct(score["std"])}{worst}'
+
+
 def summary(combined, task_names, encodings, config) -> str:
   """summary.md's text (module docstring)."""
   t, e = config.train, config.eval
@@ -134,7 +147,8 @@ def summary(combined, task_names, encodings, config) -> str:
       f'{tuple(config.study.seeds)}, learning rates {tuple(config.study.learning_rates)}.', '',
       f'**Score** (accuracy %, their average: test lengths {t.max_length + 2}–{e.max_length}, '
       f'skipping {t.max_length + 1} as their code does): the best run over seeds and learning '
-      'rates, as the papers report it, then the mean ± std over seeds.', '',
+      'rates, as the papers report it, then the mean ± std over seeds and the worst seed '
+      '(of the learning rate with the best mean).', '',
       '| level | task | ' + ' | '.join(encodings) + ' |',
       '|---|---|' + '---|' * len(encodings)]
   for name in task_names:
@@ -142,8 +156,8 @@ def summary(combined, task_names, encodings, config) -> str:
     for enc in encodings:
       s = combined.get((name, enc))
       cells.append('–' if s is None else
-                   f'{_pct(s["score_official"]["max"])} ({_pct(s["score_official"]["mean"])}'
-                   f' ± {_pct(s["score_official"]["std"])})' + _lost(s))
+                   f'{_pct(s["score_official"]["max"])} ({spread(s["score_official"])})'
+                   + _lost(s))
     lines.append(f'| {_level(name)} | {name} | ' + ' | '.join(cells) + ' |')
   lines += randomized_gains(combined, task_names, encodings)
   lines += beside_published(combined, task_names, encodings)
@@ -151,10 +165,11 @@ def summary(combined, task_names, encodings, config) -> str:
             f'`official`: lengths {t.max_length + 2}–{e.max_length} (their average); '
             f'`plain`: {t.max_length + 1}–{e.max_length}; `train`: accuracy on the training '
             f'batches of the last {t.steps_per_call} steps (dropout on), mean over seeds. Max over runs, '
-            'then mean ± std.', '']
+            'then mean ± std and the worst seed.', '']
   for name in task_names:
     lines += [f'### {name} ({_level(name)})', '',
-              '| encoding | official max | official mean ± std | plain max | plain mean ± std '
+              '| encoding | official max | official mean ± std, worst | plain max | '
+              'plain mean ± std, worst '
               '| train | published (DAPE 2024) |',
               '|---|---|---|---|---|---|---|']
     for enc in encodings:
@@ -163,8 +178,8 @@ def summary(combined, task_names, encodings, config) -> str:
         continue
       o, p = s['score_official'], s['score_plain']
       pub = published.dape_2024(name, enc)
-      lines.append(f'| {enc}{_lost(s)} | {_pct(o["max"])} | {_pct(o["mean"])} ± {_pct(o["std"])} | '
-                   f'{_pct(p["max"])} | {_pct(p["mean"])} ± {_pct(p["std"])} | '
+      lines.append(f'| {enc}{_lost(s)} | {_pct(o["max"])} | {spread(o)} | '
+                   f'{_pct(p["max"])} | {spread(p)} | '
                    f'{_pct(s["train_accuracy"])} | {"–" if pub is None else f"{pub:.2f}"} |')
     lines.append('')
   lines += [f'Published values: {published.DAPE_2024_SOURCE}. '

@@ -389,7 +389,8 @@ def _run_held(programs, config, workdir, found, encoding, lr, missing, directory
     s = record['scores']['score_official']
     lost = report.diverged_text(record)
     progress(f'  {record["task"]} × {encoding}: score {100 * s["max"]:.1f}% (max over '
-             f'seeds; mean {100 * s["mean"]:.1f} ± {100 * s["std"]:.1f})'
+             f'seeds; ' + ('' if record['scores'].get('seeds') == 1 else 'mean ')
+             + f"{report.spread(dict(s, seeds=record['scores']['seeds']))})"
              + (f'; {lost}, left out' if lost else ''))
 
 
