@@ -5,17 +5,17 @@ training, and the tables' worst-seed cells."""
 
 import csv
 import os
-import shutil
 import tempfile
 
-import chex
 import jax
 import numpy as np
+import pytest
 from absl.testing import absltest
 from absl.testing import parameterized
 
 from attention_jax.lab import results
 from attention_jax.lab import tasks
+from attention_jax.lab.evaluate import eval_lengths
 from attention_jax.lab.evaluate import hard
 from attention_jax.lab.evaluate import hard_report
 from attention_jax.lab.scoring import prediction_metrics
@@ -257,6 +257,77 @@ class TablesTest(absltest.TestCase):
     text = hard_report.hard_markdown(hard_rows, joined)
     self.assertIn('| rope | 0 of 1 (1 diverged, left out) | 75.0 |', text)
     self.assertIn('| rope | 1/1 | 0/1 |', text)
+
+
+def _tiny_addition(**study):
+  from configs import addition as addition_config  # pylint: disable=import-outside-toplevel
+  c = addition_config.get_config('scale=tiny')
+  c.study.update(encodings=('rope:coupled',), seeds=(0,), parallel_setups=1, **study)
+  return c
+
+
+class EnsureTest(absltest.TestCase):
+
+  def test_hard_ensure_scores_once_and_again_when_lengths_change(self):
+    from attention_jax.lab import models  # pylint: disable=import-outside-toplevel
+    from attention_jax.lab import plan  # pylint: disable=import-outside-toplevel
+    config = plan.run_configs(_tiny_addition())[0]
+    run_dir = tempfile.mkdtemp()
+    loads = []
+    load = lambda c, d: loads.append(d) or models.build_model(c, 0)
+    self.assertFalse(hard.is_current(run_dir, config))
+    self.assertTrue(hard.ensure(run_dir, config, load))
+    rows = hard.read_hard(hard.run_hard_path(run_dir))
+    self.assertEqual({(r['length'], r['case']) for r in rows},
+                     {(n, c) for n in eval_lengths(config)
+                      for c, _ in hard_cases.addition_cases(n)})
+    self.assertEqual({r['encoding'] for r in rows}, {'rope:coupled'})
+    self.assertFalse(hard.ensure(run_dir, config, load))  # current: not scored again
+    self.assertLen(loads, 1)
+    config.eval.lengths = (1, 2)
+    self.assertFalse(hard.is_current(run_dir, config))
+    self.assertFalse(hard_cases.has_cases(tasks.get_task('parity_check')))
+
+
+@pytest.mark.slow
+class OlderWorkdirTest(absltest.TestCase):
+  """A finished study whose runs have no hard.csv (as older code wrote
+  them) gets its hard scores on a rerun of the same command: no training,
+  the runs' results.csv untouched."""
+
+  def test_rerun_scores_hard_set_without_training(self):
+    from attention_jax.lab.study import run_study  # pylint: disable=import-outside-toplevel
+    workdir = tempfile.mkdtemp()
+    c = _tiny_addition()
+    run_study(c, workdir, log=lambda m: None)
+    run_dir = os.path.join(workdir, 'addition', 'rope:coupled', 'seed0')
+    fresh = hard.read_hard(hard.run_hard_path(run_dir))
+    # Made older: no hard.csv, results.csv without the column.
+    os.remove(hard.run_hard_path(run_dir))
+    path = os.path.join(run_dir, 'results.csv')
+    with open(path, newline='') as f:
+      old = [{k: v for k, v in r.items() if k != results.HARD} for r in csv.DictReader(f)]
+    with open(path, 'w', newline='') as f:
+      writer = csv.DictWriter(f, fieldnames=list(old[0]), lineterminator='\n')
+      writer.writeheader()
+      writer.writerows(old)
+    before = {name: os.path.getmtime(os.path.join(run_dir, name))
+              for name in ('results.csv', 'run.json', 'metrics.jsonl')}
+    logged = []
+    rows = run_study(c, workdir, log=logged.append)
+    self.assertTrue(any('scoring it from the final checkpoint (no training)' in m
+                        for m in logged), logged)
+    self.assertEqual(before, {name: os.path.getmtime(os.path.join(run_dir, name))
+                              for name in before})
+    self.assertEqual(hard.read_hard(hard.run_hard_path(run_dir)), fresh)
+    top = results.read_rows(os.path.join(workdir, 'results.csv'))
+    self.assertTrue(all(r[results.HARD] is not None for r in top))
+    self.assertLen(rows, len(top))
+    with open(os.path.join(workdir, 'summary.md')) as f:
+      self.assertIn('### addition: hard cases, per seed', f.read())
+    logged.clear()
+    run_study(c, workdir, log=logged.append)  # now current: nothing scored again
+    self.assertFalse(any('hard evaluation set' in m for m in logged), logged)
 
 
 class SuiteTablesTest(absltest.TestCase):
