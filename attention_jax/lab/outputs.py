@@ -90,13 +90,14 @@ def hard_rows(run_dirs: Sequence[str]) -> list[dict]:
 def write_study_outputs(rows, workdir: str, config: ml_collections.ConfigDict,
                         coverage: Optional[tuple] = None,
                         grid_table: Sequence[dict] = (),
-                        hard_table: Sequence[dict] = ()) -> None:
+                        hard_table: Sequence[dict] = ()) -> list[dict]:
   """results.csv, ceiling.csv, summary.md (with the ceiling, and with
   `coverage`, `other_runs`' lists, saying which runs it covers) and
   extrapolation.png (the ceiling dashed under exact match); with
   `grid_table` (`grid_rows`), grid.csv and addition_grid.png too; with
   `hard_table` (`hard_rows`), hard.csv, results.csv's hard_exact_match
-  column and the hard-case tables; the text files atomically."""
+  column and the hard-case tables; the text files atomically. Returns the
+  rows written to results.csv."""
   t = config.task
   task_names = sorted({r['task'] for r in rows})
   ceilings = task_ceilings(config, task_names)
@@ -119,3 +120,4 @@ def write_study_outputs(rows, workdir: str, config: ml_collections.ConfigDict,
   plot_extrapolation(rows, os.path.join(workdir, 'extrapolation.png'),
                      train_min=t.train_min_length, train_max=t.train_max_length,
                      ceilings=ceilings)
+  return rows

@@ -251,7 +251,10 @@ def run_study(config: ml_collections.ConfigDict, workdir: str,
   run is reused; one evaluated with other evaluation settings is evaluated
   again from its final checkpoint; one trained toward a smaller
   `train.num_steps` is extended (one line each names them) and evaluated
-  again. The workdir's outputs cover every run in
+  again. Every run is also scored on its task's hard set (`evaluate.hard`,
+  hard.csv); a finished run without a current hard.csv (evaluated by older
+  code) is scored from its final checkpoint, with no training and its
+  results.csv untouched. The workdir's outputs cover every run in
   it that matches the current config, also runs of earlier sweeps outside
   this one's tasks/models/encodings/seeds; summary.md lists them.
 
@@ -304,9 +307,9 @@ def run_study(config: ml_collections.ConfigDict, workdir: str,
       rows += extra
       covered = [r.directory for r in runs] + [os.path.join(workdir, d) for d in coverage[1]]
       with stage('while writing the study outputs'):
-        outputs.write_study_outputs(rows, workdir, config, coverage,
-                                    outputs.grid_rows([r.directory for r in runs]),
-                                    hard_table=outputs.hard_rows(covered))
+        rows = outputs.write_study_outputs(rows, workdir, config, coverage,
+                                           outputs.grid_rows([r.directory for r in runs]),
+                                           hard_table=outputs.hard_rows(covered))
   return rows
 
 

@@ -322,12 +322,46 @@ class OlderWorkdirTest(absltest.TestCase):
     self.assertEqual(hard.read_hard(hard.run_hard_path(run_dir)), fresh)
     top = results.read_rows(os.path.join(workdir, 'results.csv'))
     self.assertTrue(all(r[results.HARD] is not None for r in top))
-    self.assertLen(rows, len(top))
+    self.assertEqual([r[results.HARD] for r in rows], [r[results.HARD] for r in top])
     with open(os.path.join(workdir, 'summary.md')) as f:
       self.assertIn('### addition: hard cases, per seed', f.read())
     logged.clear()
     run_study(c, workdir, log=logged.append)  # now current: nothing scored again
     self.assertFalse(any('hard evaluation set' in m for m in logged), logged)
+
+
+class ChomskyCasesTest(parameterized.TestCase):
+
+  @parameterized.parameters(*sorted(hard_cases.CHOMSKY))
+  def test_chomsky_hard_labels_are_the_official_rule(self, name):
+    from attention_jax.lab.chomsky import hard as suite_hard  # pylint: disable=import-outside-toplevel
+    spec = tasks.get_spec(name)
+    for n in (1, 5, 9):
+      x, y = spec.sample(jax.random.key(n), n, 16, 12)
+      np.testing.assert_array_equal(suite_hard.LABELS[name](x, n), y)
+
+  def test_chomsky_hard_cases_as_named(self):
+    from attention_jax.lab.chomsky import hard as suite_hard  # pylint: disable=import-outside-toplevel
+    from attention_jax.lab.chomsky import layout  # pylint: disable=import-outside-toplevel
+    parity = tasks.get_spec('parity_check')
+    found = hard_cases.chomsky_cases(parity, 7)
+    self.assertIn(('one symbol', [1] * 7), found)
+    self.assertIn(('alternating', [0, 1, 0, 1, 0, 1, 0]), found)
+    buckets = hard_cases.chomsky_cases(tasks.get_spec('bucket_sort'), 10)
+    self.assertEqual([x for c, x in buckets if c == 'one symbol'],
+                     [[s] * 10 for s in range(5)])
+    self.assertEqual([x for c, x in buckets if c == 'sorted'],
+                     [[0, 0, 1, 1, 2, 2, 3, 3, 4, 4]])
+    self.assertEqual([x for c, x in buckets if c == 'sorted descending'],
+                     [[4, 4, 3, 3, 2, 2, 1, 1, 0, 0]])
+    cycle = hard_cases.chomsky_cases(tasks.get_spec('cycle_navigation'), 4)
+    self.assertEqual([x for _, x in cycle], [[0] * 4, [1] * 4, [2] * 4])
+    self.assertEqual(hard_cases.chomsky_cases(tasks.get_spec('stack_manipulation'), 4), [])
+    # The layout holds the official labels: parity of n ones is n % 2.
+    batch = layout.encoder_batch(suite_hard.fixed_spec(parity, [x for _, x in found]),
+                                 jax.random.key(0), 7, batch_size=len(found), max_length=8)
+    targets = np.asarray(batch['targets'])[np.asarray(batch['output_mask'])]
+    self.assertEqual([int(t) for t in targets], [sum(x) % 2 for _, x in found])
 
 
 class SuiteTablesTest(absltest.TestCase):

@@ -9,6 +9,12 @@ the learning rate with the best mean, with that learning rate's worst seed
 (`min`) beside it (one seed: its score alone). A seed whose training loss became
 non-finite (`trainer.diverged_steps`) is left out of both, marked in
 results.csv's `diverged_at` and counted in summary.md and the figure.
+
+The hard set (`chomsky.hard`: parity of all ones, bucket_sort of equal
+tokens, …), where the task has one: results.csv's `hard_exact` (per run,
+the fraction of hard inputs exact) and summary.md's hard table (per setting,
+the seeds exact on every hard input, of the learning rate with the best
+mean). Records of older code have none: their cells say so.
 """
 
 import os
@@ -20,6 +26,7 @@ import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
 from attention_jax.lab import results
+from attention_jax.lab.chomsky import hard as hard_set
 from attention_jax.lab.chomsky import published
 from attention_jax.lab.tasks import SPECS
 from attention_jax.lab.train.divergence import DIVERGED
@@ -51,6 +58,10 @@ def combine(records: list[dict]) -> dict:
                           min=float(np.min(kept)) if kept else float('nan'), seeds=len(kept),
                           learning_rate=best['learning_rate'])
     best = max(group, key=lambda r: finite(r['scores']['score_official']['mean']))
+    if best.get('hard') and any(best['hard']):  # per kept seed: (seed, fraction, rows)
+      scores['hard'] = [(seed, hard_set.exact_fraction(rows), rows)
+                        for seed, rows, step in zip(best['seeds'], best['hard'], _diverged(best))
+                        if step is None]
     scores['train_accuracy'] = float(np.mean(best.get('train_accuracy', [np.nan])))
     scores['runs'] = sum(len(r['seeds']) for r in group)
     scores['diverged'] = [(r['learning_rate'], seed, step) for r in group
@@ -107,12 +118,15 @@ def write_outputs(records: list[dict], config, workdir: str) -> None:
 
 
 def _write_csv(records, path):
-  fields = ['task', 'level', 'encoding', 'learning_rate', 'seed', *SCORES, 'diverged_at']
+  fields = ['task', 'level', 'encoding', 'learning_rate', 'seed', *SCORES, 'diverged_at',
+            'hard_exact']
   results.write_table(path, fields, (
       dict(task=r['task'], level=r['level'], encoding=r['encoding'],
            learning_rate=r['learning_rate'], seed=seed, **{k: f'{s[k]:.4f}' for k in SCORES},
-           diverged_at='' if step is None else step)
-      for r in records for seed, s, step in zip(r['seeds'], r['per_seed'], _diverged(r))))
+           diverged_at='' if step is None else step,
+           hard_exact='' if not hard else f'{hard_set.exact_fraction(hard):.4f}')
+      for r in records for seed, s, step, hard in zip(
+          r['seeds'], r['per_seed'], _diverged(r), r.get('hard') or [None] * len(r['seeds']))))
 
 
 def _level(task_name):
@@ -182,9 +196,41 @@ def summary(combined, task_names, encodings, config) -> str:
                    f'{_pct(p["max"])} | {spread(p)} | '
                    f'{_pct(s["train_accuracy"])} | {"–" if pub is None else f"{pub:.2f}"} |')
     lines.append('')
+  lines += hard_table(combined, task_names, encodings)
   lines += [f'Published values: {published.DAPE_2024_SOURCE}. '
             f'{published.RUOSS_2023_SOURCE}.', '']
   return '\n'.join(lines)
+
+
+def hard_table(combined, task_names, encodings) -> list[str]:
+  """summary.md's hard-set table (module docstring): per task with a hard
+  set and encoding, 'k of S' seeds exact on every hard input, the exact
+  match over them (mean ± std, worst seed) and the cases the worst seed
+  fails."""
+  shown = [n for n in task_names if any('hard' in combined.get((n, e), {}) for e in encodings)]
+  if not shown:
+    return []
+  lines = ['## Hard cases', '',
+           'Each setting\'s models (the learning rate with the best mean) on the hard inputs '
+           'at every evaluated length (tasks/hard_cases.py CHOMSKY: parity of all ones, '
+           'bucket_sort of equal or sorted tokens, one symbol, alternating, period 3): seeds '
+           'exact on every one, the fraction exact (mean ± std, worst seed), and the cases the '
+           'worst seed gets wrong. – : no hard scores (a record of older code).', '',
+           '| task | encoding | exact on all | hard inputs exact | worst seed fails |',
+           '|---|---|---|---|---|']
+  for name in shown:
+    for enc in encodings:
+      s = combined.get((name, enc))
+      if s is None or not s.get('hard'):
+        lines.append(f'| {name} | {enc} | – | – | – |')
+        continue
+      fractions = [f for _, f, _ in s['hard']]
+      perfect = sum(f == 1.0 for f in fractions)
+      _, _, rows = min(s['hard'], key=lambda h: h[1])
+      failed = list(dict.fromkeys(r['case'] for r in rows if r['exact_match'] < 1.0))
+      lines.append(f'| {name} | {enc} | {perfect} of {len(fractions)} | '
+                   f'{results.cell(fractions)} | {", ".join(failed) or "none"} |')
+  return lines + ['']
 
 
 def randomized_gains(combined, task_names, encodings) -> list[str]:

@@ -43,6 +43,7 @@ from flax import nnx
 
 from attention_jax.lab import cluster
 from attention_jax.lab import locks
+from attention_jax.lab.chomsky import hard as hard_set
 from attention_jax.lab.chomsky import layout
 from attention_jax.lab.chomsky import protocol
 from attention_jax.lab.chomsky import report
@@ -273,12 +274,13 @@ def run_group(programs, config, encoding, learning_rate, names, progress, *,
     raise_if_stopped(f'before evaluating {task.name} × {encoding} (training checkpointed)')
     evaluating = time.time()
     accuracies = trainer.evaluate(programs, task, encoding, graphdef, task_params, rest)
+    hard_rows = hard_set.evaluate(programs, task, encoding, graphdef, task_params, rest)
     per_seed = [protocol.run_scores(lengths, a, config.train.max_length) for a in accuracies]
     records.append(dict(
         task=task.name, level=task.level, encoding=encoding, learning_rate=learning_rate,
         seeds=seeds, lengths=lengths, accuracies=accuracies.tolist(),
         per_seed=per_seed, scores=protocol.setting_scores(per_seed, diverged_at),
-        diverged_at=diverged_at,
+        diverged_at=diverged_at, hard=hard_rows,
         train_accuracy=train_accuracy, trained_with=list(names), log=trained_log['log'],
         seconds=dict(train_group=trained, evaluate=time.time() - evaluating)))
   return records

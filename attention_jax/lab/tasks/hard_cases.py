@@ -19,6 +19,10 @@ name such inputs per evaluated length n (`evaluate.hard` scores them):
     repeated 8-gram                            an 8-gram twice, followed by different
                                                symbols: longer than any lookup window of
                                                the default entries (mta_lookup reads 6)
+  DeepMind's tasks under the suite's encoder protocol (`chomsky_cases`):
+    one symbol (parity of all ones, bucket_sort of equal tokens, cycle_navigation
+    moving one way), alternating, period 3, sorted and sorted descending, as
+    `CHOMSKY` lists per task
 
 A case exists only at the lengths where it can (`n ≥ 2` for a chain into
 the top digit, `n ≥ 18` for two 8-grams and what follows them); random
@@ -140,6 +144,46 @@ def string_cases(n: int, vocab_size: int,
            + [second] + [int(s) for s in rng.integers(0, vocab_size, rest)])
       out.append((f'repeated {NGRAM}-gram', x))
   return out
+
+
+def _chomsky(n: int, vocab: int, kinds: Sequence[str]) -> list[tuple[str, list[int]]]:
+  """Strings of n symbols from `vocab` of the named kinds (where n allows)."""
+  out = []
+  for kind in kinds:
+    if kind == 'one symbol':
+      out += [(kind, [s] * n) for s in range(vocab)]
+    elif kind == 'alternating' and n >= 2:
+      out.append((kind, ([0, 1] * n)[:n]))
+    elif kind == 'period 3' and n >= 6:
+      out.append((kind, ([0, 0, 1] * n)[:n]))
+    elif kind == 'sorted' and n >= vocab:
+      out.append((kind, sorted(i * vocab // n for i in range(n))))
+    elif kind == 'sorted descending' and n >= vocab:
+      out.append((kind, sorted((i * vocab // n for i in range(n)), reverse=True)))
+  return out
+
+
+# DeepMind's tasks (`tasks/chomsky/`) with a hard set: the kinds of string
+# each is scored on (`chomsky_cases`), all of them their uniform draws' rarest:
+# parity of all ones, bucket_sort of all-equal or already sorted tokens,
+# cycle_navigation moving one way only, the string tasks on one symbol.
+CHOMSKY = {
+    'even_pairs': ('one symbol', 'alternating'),
+    'parity_check': ('one symbol', 'alternating'),
+    'cycle_navigation': ('one symbol',),  # all left, all stay, all right
+    'reverse_string': ('one symbol', 'alternating', 'period 3'),
+    'duplicate_string': ('one symbol', 'alternating', 'period 3'),
+    'odds_first': ('one symbol', 'alternating', 'period 3'),
+    'bucket_sort': ('one symbol', 'sorted', 'sorted descending'),
+}
+
+
+def chomsky_cases(spec, n: int) -> list[tuple[str, list[int]]]:
+  """The hard cases of DeepMind's task `spec` (a `TaskSpec`) at length n:
+  (case, input symbols); [] for a task not in `CHOMSKY`."""
+  if spec.name not in CHOMSKY:
+    return []
+  return _chomsky(n, spec.input_size, CHOMSKY[spec.name])
 
 
 def has_cases(task) -> bool:
