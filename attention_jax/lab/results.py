@@ -199,7 +199,7 @@ def diverged_note(rows: Sequence[dict]) -> list[str]:
   if not steps:
     return []
   runs = '; '.join(f'{t} {e} seed {s} at step {d}' for (t, e, s), d in sorted(steps.items()))
-  return [f'**{len(steps)} run(s) diverged** (training loss NaN or infinite; stopped there, '
+  return [f'**{plural(len(steps), "run")} diverged** (training loss NaN or infinite; stopped there, '
           f'see each run\'s diverged.json): {runs}. They are left out of every mean below; '
           'the seeds column counts them.', '']
 

@@ -30,7 +30,7 @@ class DivergedRowsTest(absltest.TestCase):
     rows += [_row(2, n, 0.0, diverged_at=40) for n in (1, 2, 4, 8)]
     text = results.summary_markdown(rows, 1, 2)
     self.assertIn('| rope | 2 of 3; 1 diverged at step 40 | 90.0 ± 0.0, worst 90.0 |', text)
-    self.assertIn('**1 run(s) diverged**', text)
+    self.assertIn('**1 run diverged**', text)
     self.assertIn('copy rope seed 2 at step 40', text)
 
   def test_all_seeds_diverged_shows_no_mean(self):

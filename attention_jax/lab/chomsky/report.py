@@ -101,7 +101,8 @@ def _lost(s: dict) -> str:
   if not s['diverged']:
     return ''
   steps = ', '.join(str(step) for _, _, step in s['diverged'])
-  return f" [{s['runs'] - len(s['diverged'])} of {s['runs']} runs; {len(s['diverged'])} diverged at step {steps}]"
+  return (f" [{s['runs'] - len(s['diverged'])} of {results.plural(s['runs'], 'run')}; "
+          f"{len(s['diverged'])} diverged at step{'s' * (len(s['diverged']) > 1)} {steps}]")
 
 
 def write_outputs(records: list[dict], config, workdir: str) -> None:
