@@ -173,9 +173,11 @@ def summary_markdown(rows: Sequence[dict], train_min: int, train_max: int) -> st
                       '| ' + ' | '.join(header[:2] + ['steps'] + header[2:]) + ' |',
                       '|' + '---|' * (len(header) + 1)]
       if metric == HARD:
-        lines[-2:-2] = ['Exact match on the hard cases at each length (tasks/hard_cases.py: '
-                        'carry chains, unequal operands, zeros; low-entropy strings), scored '
-                        'as the uniform table above; the details in hard.csv and below.', '']
+        kinds = ('carry chains, unequal operands, zeros' if task == 'addition' else
+                 'low-entropy strings')
+        lines[-2:-2] = [f'Exact match on the hard cases at each length (tasks/hard_cases.py: '
+                        f'{kinds}), scored as the uniform table above; the details in '
+                        'hard.csv and below.', '']
       for enc in encodings:
         sel = [dict(r, value=r[metric]) for r in rows
                if r['task'] == task and r['encoding'] == enc and r.get(metric) is not None]

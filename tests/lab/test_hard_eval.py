@@ -384,6 +384,16 @@ class SuiteTablesTest(absltest.TestCase):
     self.assertEqual(report.spread(three['score_official']), '75.0 ± 15.0, worst 60.0')
     one = report.combine([self._record([0.4], [None])])[key]
     self.assertEqual(report.spread(one['score_official']), '40.0')
+    # Records of older code have no hard scores: the table says so.
+    self.assertIn('| parity_check | alibi | – | – | – |',
+                  '\n'.join(report.hard_table({key: one}, ['parity_check'], ['alibi'])))
+    record = self._record([1.0, 0.5], [None, None])
+    record['hard'] = [[dict(length=3, case='one symbol', count=2, exact_match=1.0)],
+                      [dict(length=3, case='one symbol', count=2, exact_match=0.5),
+                       dict(length=3, case='alternating', count=1, exact_match=1.0)]]
+    table = '\n'.join(report.hard_table(report.combine([record]), ['parity_check'], ['alibi']))
+    self.assertIn('| parity_check | alibi | 1 of 2 | 83.3 ± 16.7, worst 66.7 | one symbol |',
+                  table)
 
 
 if __name__ == '__main__':
