@@ -28,6 +28,7 @@ from attention_jax.lab import outputs
 from attention_jax.lab.evaluate import eval_lengths
 from attention_jax.lab.evaluate import evaluate_models
 from attention_jax.lab.evaluate import hard
+from attention_jax.lab.evaluate import hard_report
 from attention_jax.lab.evaluate.grid import evaluate_grid
 from attention_jax.lab.evaluate import rope_scaled
 from attention_jax.lab.evaluate.context_extension import evaluation_variants
@@ -178,6 +179,7 @@ def _train_and_evaluate(configs, run_dirs, tx, on_trained, log, *, vmapped,
         row['diverged_at'] = step
       if run_dirs[i] and hard_rows:  # before run.json: a stop between means "evaluate again"
         hard.write_hard(hard.run_hard_path(run_dirs[i]), hard_rows)
+        rows = hard_report.with_hard(rows, hard_rows)  # results.csv's hard_exact_match
       write_run(configs[i], run_dirs[i], rows, trained[i][1], times,
                  {k: v / len(group) for k, v in timings.items()},
                  len(configs) if vmapped else 1, grid=grid)
