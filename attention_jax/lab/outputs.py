@@ -22,6 +22,8 @@ from attention_jax.lab import plan
 from attention_jax.lab import results
 from attention_jax.lab import tasks
 from attention_jax.lab.evaluate import ambiguity
+from attention_jax.lab.evaluate import hard
+from attention_jax.lab.evaluate import hard_report
 from attention_jax.lab.evaluate import eval_lengths
 from attention_jax.lab.plots import plot_extrapolation
 from attention_jax.lab.plots import plot_grid
@@ -75,20 +77,38 @@ def grid_rows(run_dirs: Sequence[str]) -> list[dict]:
   return found
 
 
+def hard_rows(run_dirs: Sequence[str]) -> list[dict]:
+  """The rows of each run's hard.csv (`evaluate.hard`), where it has one."""
+  found = []
+  for run_dir in run_dirs:
+    path = hard.run_hard_path(run_dir)
+    if os.path.exists(path):
+      found += hard.read_hard(path)
+  return found
+
+
 def write_study_outputs(rows, workdir: str, config: ml_collections.ConfigDict,
                         coverage: Optional[tuple] = None,
-                        grid_table: Sequence[dict] = ()) -> None:
+                        grid_table: Sequence[dict] = (),
+                        hard_table: Sequence[dict] = ()) -> list[dict]:
   """results.csv, ceiling.csv, summary.md (with the ceiling, and with
   `coverage`, `other_runs`' lists, saying which runs it covers) and
   extrapolation.png (the ceiling dashed under exact match); with
-  `grid_table` (`grid_rows`), grid.csv and addition_grid.png too; the text
-  files atomically."""
+  `grid_table` (`grid_rows`), grid.csv and addition_grid.png too; with
+  `hard_table` (`hard_rows`), hard.csv, results.csv's hard_exact_match
+  column and the hard-case tables; the text files atomically. Returns the
+  rows written to results.csv."""
   t = config.task
   task_names = sorted({r['task'] for r in rows})
   ceilings = task_ceilings(config, task_names)
+  rows = hard_report.with_hard(rows, hard_table)
+  if hard_table:
+    hard.write_hard(os.path.join(workdir, hard.HARD_FILE), hard_table)
   results.write_rows(os.path.join(workdir, 'results.csv'), rows)
   results.write_ceiling(os.path.join(workdir, 'ceiling.csv'), ceilings)
   summary = results.summary_markdown(rows, t.train_min_length, t.train_max_length)
+  if hard_table:
+    summary += '\n' + hard_report.hard_markdown(hard_table, rows)
   summary += '\n' + results.ceiling_markdown(ceilings, t.train_max_length)
   if grid_table:
     grid.write_grid(os.path.join(workdir, 'grid.csv'), grid_table)
@@ -100,3 +120,4 @@ def write_study_outputs(rows, workdir: str, config: ml_collections.ConfigDict,
   plot_extrapolation(rows, os.path.join(workdir, 'extrapolation.png'),
                      train_min=t.train_min_length, train_max=t.train_max_length,
                      ceilings=ceilings)
+  return rows

@@ -8,7 +8,7 @@ import numpy as np
 
 FIELDS = ('task', 'encoding', 'seed', 'length', 'token_accuracy', 'exact_match',
           'generated_exact_match', 'generation_agreement', 'config_hash', 'version',
-          'diverged_at', 'num_steps')
+          'diverged_at', 'num_steps', 'hard_exact_match')
 PROVENANCE = ('config_hash', 'version')  # added in 0.1.0; older files lack them
 # Only when evaluated by generation (empty otherwise; older files lack them).
 GENERATION = ('generated_exact_match', 'generation_agreement')
@@ -18,7 +18,11 @@ DIVERGED = 'diverged_at'
 # The run's train.num_steps: entries of one table may have had different
 # budgets (a variant's own), which the tables then show (older files lack it).
 STEPS = 'num_steps'
-OPTIONAL = GENERATION + (DIVERGED, STEPS)
+# Exact match on the length's hard cases (`evaluate.hard`), count-weighted
+# over its cases; empty where the task has none or the run was not scored
+# on them (older files lack the column).
+HARD = 'hard_exact_match'
+OPTIONAL = GENERATION + (DIVERGED, STEPS, HARD)
 MULTIPLES = (2, 4, 8)  # summary columns: accuracy at these multiples of L_train
 
 
@@ -52,7 +56,7 @@ def read_rows(path: str) -> list[dict]:
   for row in rows:
     for field in PROVENANCE:  # files written before these columns existed
       row.setdefault(field, 'unknown')
-    for field in GENERATION:
+    for field in GENERATION + (HARD,):
       value = row.setdefault(field, '')
       row[field] = float(value) if value not in ('', None) else None
     for field in (DIVERGED, STEPS):
@@ -121,25 +125,43 @@ def steps_by_entry(rows: Sequence[dict]) -> dict:
   return {enc: ', '.join(f'{n:,}' for n in sorted(steps)) for enc, steps in found.items()}
 
 
-def _cell(values: Sequence[float]) -> str:
+def cell(values: Sequence[float]) -> str:
+  """Per-seed values as a table cell, in percent: the value of one seed;
+  of several, 'mean ± std, worst W', W the lowest seed's."""
   if not values:
     return '—'
-  return f'{100 * np.mean(values):.1f} ± {100 * np.std(values):.1f}'
+  if len(values) == 1:
+    return f'{100 * values[0]:.1f}'
+  return (f'{100 * np.mean(values):.1f} ± {100 * np.std(values):.1f}, '
+          f'worst {100 * np.min(values):.1f}')
+
+
+def plural(count: int, noun: str) -> str:
+  """'1 run', '2 runs'."""
+  return f'{count} {noun}{"" if count == 1 else "s"}'
+
+
+def number(value: float, digits: int = 1) -> str:
+  """`value` with `digits` decimals, or as an int when it is one ('3', '2.5')."""
+  return str(int(value)) if float(value).is_integer() else f'{value:.{digits}f}'
 
 
 def summary_markdown(rows: Sequence[dict], train_min: int, train_max: int) -> str:
   """Per task and metric, a table: encoding × (training range, 2×, 4×, 8×),
   each cell mean ± std over seeds, in percent."""
   lines = diverged_note(rows)
-  lines += [f'Accuracy in percent, mean ± std over seeds. Training inputs had '
+  lines += [f'Accuracy in percent, mean ± std over seeds, then the worst seed\'s (one '
+           f'seed: its value). Training inputs had '
            f'lengths {train_min}–{train_max} (L_train = {train_max}); "1–L" '
            'averages every evaluated length up to L_train, the other columns '
            'are the accuracy at exactly that input length.', '']
   header = ['encoding', 'seeds', f'1–L ({train_max})'] + [
       f'{k}×L ({k * train_max})' for k in MULTIPLES]
   for task in sorted({r['task'] for r in rows}):
-    for metric, title in (('token_accuracy', 'token accuracy'),
-                          ('exact_match', 'exact match')):
+    metrics = [('token_accuracy', 'token accuracy'), ('exact_match', 'exact match')]
+    if any(r.get(HARD) is not None for r in rows if r['task'] == task):
+      metrics.append((HARD, 'hard cases, exact match'))
+    for metric, title in metrics:
       lines += [f'### {task}: {title}', '',
                 '| ' + ' | '.join(header) + ' |',
                 '|' + '---|' * len(header)]
@@ -150,14 +172,22 @@ def summary_markdown(rows: Sequence[dict], train_min: int, train_max: int) -> st
                       'column): compare them knowing that.', '',
                       '| ' + ' | '.join(header[:2] + ['steps'] + header[2:]) + ' |',
                       '|' + '---|' * (len(header) + 1)]
+      if metric == HARD:
+        kinds = ('carry chains, unequal operands, zeros' if task == 'addition' else
+                 'low-entropy strings')
+        lines[-2:-2] = [f'Exact match on the hard cases at each length (tasks/hard_cases.py: '
+                        f'{kinds}), scored as the uniform table above; the details in '
+                        'hard.csv and below.', '']
       for enc in encodings:
         sel = [dict(r, value=r[metric]) for r in rows
-               if r['task'] == task and r['encoding'] == enc]
+               if r['task'] == task and r['encoding'] == enc and r.get(metric) is not None]
+        if not sel:
+          continue
         seeds = seeds_cell(sel) + (f" | {steps.get(enc, '?')}" if steps else '')
         sel, _ = split_diverged(sel)  # out of the means, counted in the seeds column
         in_range = set(range(1, train_max + 1))
-        cells = [_cell(_per_seed(sel, in_range))] + [
-            _cell(_per_seed(sel, {k * train_max})) for k in MULTIPLES]
+        cells = [cell(_per_seed(sel, in_range))] + [
+            cell(_per_seed(sel, {k * train_max})) for k in MULTIPLES]
         lines.append('| ' + ' | '.join([enc, seeds] + cells) + ' |')
       lines.append('')
   lines += generation_summary(rows)
@@ -171,7 +201,7 @@ def diverged_note(rows: Sequence[dict]) -> list[str]:
   if not steps:
     return []
   runs = '; '.join(f'{t} {e} seed {s} at step {d}' for (t, e, s), d in sorted(steps.items()))
-  return [f'**{len(steps)} run(s) diverged** (training loss NaN or infinite; stopped there, '
+  return [f'**{plural(len(steps), "run")} diverged** (training loss NaN or infinite; stopped there, '
           f'see each run\'s diverged.json): {runs}. They are left out of every mean below; '
           'the seeds column counts them.', '']
 
@@ -182,10 +212,11 @@ def coverage_summary(covered: Sequence[str], earlier: Sequence[str],
   cover: `covered`, of which `earlier` were not in this sweep but match its
   config, and which runs of the workdir were left out, and why."""
   lines = ['### Runs', '',
-           f'These tables cover {len(covered)} runs, every run in this workdir trained and '
+           f'These tables cover {plural(len(covered), "run")}, every run in this workdir '
+           'trained and '
            'evaluated with the current config: ' + ', '.join(covered) + '.']
   if earlier:
-    lines.append(f'{len(earlier)} of them are not in this sweep (study.tasks/models/encodings/'
+    lines.append(f'{len(earlier)} of them {"is" if len(earlier) == 1 else "are"} not in this sweep (study.tasks/models/encodings/'
                  'seeds) but were trained with the same config earlier: '
                  + ', '.join(earlier) + '.')
   if excluded:
@@ -226,7 +257,8 @@ def comparison_markdown(rows_a: Sequence[dict], rows_b: Sequence[dict], *,
   (a, b), (max_a, max_b) = names, train_max
   same = max_a == max_b
   lines = [f'## {b} against {a}', '',
-           'Accuracy in percent, mean ± std over seeds (seeds in brackets); '
+           'Accuracy in percent, mean ± std over seeds and the worst seed\'s (seeds in '
+           'brackets; one seed: its value); '
            f'{b} − {a} in percentage points of the means. Length buckets are '
            'those of summary.md: "1–L" averages every evaluated length up to '
            'L_train, "k×L" is the accuracy at exactly k × L_train '
@@ -263,7 +295,7 @@ def comparison_markdown(rows_a: Sequence[dict], rows_b: Sequence[dict], *,
             continue
           diff = f'{100 * (np.mean(sb) - np.mean(sa)):+.1f}' if sa and sb else '—'
           note = '; '.join(([] if sa and sb else [f'only in {a if sa else b}']) + lost)
-          cells = [f'{_cell(s)} ({len(s)})' if s else '—' for s in (sa, sb)]
+          cells = [f'{cell(s)} ({len(s)})' if s else '—' for s in (sa, sb)]
           lines.append('| ' + ' | '.join([enc, bucket, *cells, diff, note]) + ' |')
       lines.append('')
   return '\n'.join(lines)
@@ -317,6 +349,13 @@ def ceiling_markdown(rows: Sequence[dict], train_max: int) -> str:
   return '\n'.join(lines)
 
 
+def k_cell(cell: Sequence[dict]) -> str:
+  """The mean k of a failures cell's ambiguity failures: an int when it is
+  one, '—' when no string failed on an ambiguity (no k to average)."""
+  ks = [r['mean_k_ambiguity'] for r in cell if r['ambiguity'] > 0]
+  return number(float(np.mean(ks))) if ks else '—'
+
+
 FAILURE_FIELDS = ('task', 'encoding', 'seed', 'length', 'exact', 'ambiguity', 'early EOS',
                   'missed EOS', 'drift', 'mean_k_ambiguity', 'ceiling_3', 'ceiling_4')
 
@@ -347,7 +386,7 @@ def failures_markdown(rows: Sequence[dict], train_max: int) -> str:
         cell = [r for r in sel if r['encoding'] == enc and r['length'] == n]
         mean = lambda key: float(np.mean([r[key] for r in cell]))
         cells = [f'{100 * mean(k):.1f}' for k in kinds] + [
-            f'{mean("mean_k_ambiguity"):.1f}', f'{100 * mean("ceiling_3"):.1f}',
+            k_cell(cell), f'{100 * mean("ceiling_3"):.1f}',
             f'{100 * mean("ceiling_4"):.1f}']
         lines.append('| ' + ' | '.join([enc, str(n), str(len(cell)), *cells]) + ' |')
     lines.append('')

@@ -27,6 +27,8 @@ from attention_jax.lab import one_study
 from attention_jax.lab import outputs
 from attention_jax.lab.evaluate import eval_lengths
 from attention_jax.lab.evaluate import evaluate_models
+from attention_jax.lab.evaluate import hard
+from attention_jax.lab.evaluate import hard_report
 from attention_jax.lab.evaluate.grid import evaluate_grid
 from attention_jax.lab.evaluate import rope_scaled
 from attention_jax.lab.evaluate.context_extension import evaluation_variants
@@ -48,6 +50,7 @@ from attention_jax.lab.train.interrupt import combined
 from attention_jax.lab.train.interrupt import raise_if_stopped
 from attention_jax.lab.train.interrupt import stage
 from attention_jax.lab.train.interrupt import stop_requests
+from attention_jax.lab.train.loop import load_trained
 from attention_jax.lab.train.loop import out_of_time
 from attention_jax.lab.train.loop import time_budget
 from attention_jax.lab.validate import validate_config
@@ -144,6 +147,8 @@ def _train_and_evaluate(configs, run_dirs, tx, on_trained, log, *, vmapped,
       if log:
         log(f'{finished}; evaluation from {os.path.join(run_dirs[0], "results.csv")} '
             '(--reevaluate to evaluate it again)')
+      if run_dirs[0]:  # evaluated by older code: its hard set from the model at hand
+        hard.ensure(run_dirs[0], configs[0], lambda *_: trained[0][0], log)
       return [done]
     if log:
       log(f'{finished}; not evaluated with these evaluation settings (or at this step count) '
@@ -164,12 +169,17 @@ def _train_and_evaluate(configs, run_dirs, tx, on_trained, log, *, vmapped,
                                       [run_dirs[i] for i in group])
       grids = _evaluate_grid([trained[i][0] for i in group], [configs[i] for i in group],
                              clock)
+      hards = hard.config_rows([trained[i][0] for i in group], [configs[i] for i in group],
+                               clock)
     times = dict(train_times, **clock.breakdown(share=len(group)))
-    for i, rows, grid in zip(group, group_rows, grids):
+    for i, rows, grid, hard_rows in zip(group, group_rows, grids, hards):
       step = divergence.diverged_at(run_dirs[i]) if run_dirs[i] else trained[i][1].get(
           'diverged_at')
       for row in rows:  # a diverged run's rows say so (`train.divergence`)
         row['diverged_at'] = step
+      if run_dirs[i] and hard_rows:  # before run.json: a stop between means "evaluate again"
+        hard.write_hard(hard.run_hard_path(run_dirs[i]), hard_rows)
+        rows = hard_report.with_hard(rows, hard_rows)  # results.csv's hard_exact_match
       write_run(configs[i], run_dirs[i], rows, trained[i][1], times,
                  {k: v / len(group) for k, v in timings.items()},
                  len(configs) if vmapped else 1, grid=grid)
@@ -243,7 +253,10 @@ def run_study(config: ml_collections.ConfigDict, workdir: str,
   run is reused; one evaluated with other evaluation settings is evaluated
   again from its final checkpoint; one trained toward a smaller
   `train.num_steps` is extended (one line each names them) and evaluated
-  again. The workdir's outputs cover every run in
+  again. Every run is also scored on its task's hard set (`evaluate.hard`,
+  hard.csv); a finished run without a current hard.csv (evaluated by older
+  code) is scored from its final checkpoint, with no training and its
+  results.csv untouched. The workdir's outputs cover every run in
   it that matches the current config, also runs of earlier sweeps outside
   this one's tasks/models/encodings/seeds; summary.md lists them.
 
@@ -274,14 +287,17 @@ def run_study(config: ml_collections.ConfigDict, workdir: str,
     mine = cluster.assigned(config, runs, index, count)
     if count > 1:
       log(f'shard {index} of {count}: {len(mine)} of the {len(runs)} runs')
+    stale = []  # finished runs without a current hard.csv
     jobs = [todo for group in plan.setups(runs)
-            if (todo := _to_train(group, mine, report_only, len(runs), log))]
+            if (todo := _to_train(group, mine, report_only, len(runs), log, stale))]
     lock = threading.Lock()  # on_trained may draw (matplotlib is not thread-safe)
     callback = on_trained and (lambda *a: locked(lock, on_trained, *a))
     side_by_side(functools.partial(_run_setup, config=config, total=len(runs), tx=tx,
                                    on_trained=callback, log=log, deadline=deadline,
                                    fresh=fresh, workdir=workdir, start=start),
                  jobs, config.study.get('parallel_setups', 1), combine=combined)
+    for run in stale:
+      _add_hard(run, config, log, len(runs))
     # One writer at a time: the last two shards may finish together.
     with locks.hold(workdir, wait=True, should_stop=raise_if_stopped, name='.outputs.lock'):
       rows, left = cluster.finished(runs, fresh, workdir, report_only)
@@ -291,15 +307,19 @@ def run_study(config: ml_collections.ConfigDict, workdir: str,
         return []
       extra, coverage = outputs.other_runs(workdir, config, runs)
       rows += extra
+      covered = [r.directory for r in runs] + [os.path.join(workdir, d) for d in coverage[1]]
       with stage('while writing the study outputs'):
-        outputs.write_study_outputs(rows, workdir, config, coverage,
-                                    outputs.grid_rows([r.directory for r in runs]))
+        rows = outputs.write_study_outputs(rows, workdir, config, coverage,
+                                           outputs.grid_rows([r.directory for r in runs]),
+                                           hard_table=outputs.hard_rows(covered))
   return rows
 
 
-def _to_train(group: list, mine: set, report_only: bool, total: int, log) -> list:
+def _to_train(group: list, mine: set, report_only: bool, total: int, log,
+              stale: list) -> list:
   """The runs of one setup this process trains: those of its shard that
-  are not finished (one line for each run reused or extended)."""
+  are not finished (one line for each run reused or extended). Finished
+  runs without a current hard.csv (`evaluate.hard`) go to `stale`."""
   todo = []
   for run in group:
     if run.number not in mine or report_only:
@@ -311,6 +331,8 @@ def _to_train(group: list, mine: set, report_only: bool, total: int, log) -> lis
           '' if step is None else f'; it DIVERGED at step {step} and stays marked so (not '
           'retrained: the same config diverges the same way; train it with other settings '
           'in a new --workdir)'))
+      if not hard.is_current(run.directory, run.config):
+        stale.append(run)
       continue
     todo.append(run)
     grown = identity.extension(run.directory, run.config)
@@ -318,6 +340,21 @@ def _to_train(group: list, mine: set, report_only: bool, total: int, log) -> lis
       log(f"[{run.number}/{total}] {run}: trained to step {grown['from_step']} of "
           f"{grown['previous_num_steps']}; extended to {grown['num_steps']} steps")
   return todo
+
+
+def _add_hard(run, config, log, total) -> None:
+  """Scores a finished run's hard set from its final checkpoint (no
+  training; its results.csv untouched), under its lock; a run another
+  process holds is left to it."""
+  prefix = f'[{run.number}/{total}]'
+  try:
+    with locks.hold(run.directory, wait=locks.waits(config),
+                    log=lambda m: log(f'{prefix} {m}'), should_stop=raise_if_stopped):
+      with stage(f'during the hard evaluation of {run.directory} (its training and uniform '
+                 'evaluation are finished and kept)'):
+        hard.ensure(run.directory, run.config, load_trained, lambda m: log(f'{prefix} {m}'))
+  except locks.RunLocked as e:
+    log(f'{prefix} {run}: held by {e.holder}; its hard set is left to it')
 
 
 def _run_setup(todo: list, *, config, total, tx, on_trained, log, deadline, fresh, workdir,

@@ -29,8 +29,8 @@ class DivergedRowsTest(absltest.TestCase):
     rows = [_row(s, n, 0.9) for s in (0, 1) for n in (1, 2, 4, 8)]
     rows += [_row(2, n, 0.0, diverged_at=40) for n in (1, 2, 4, 8)]
     text = results.summary_markdown(rows, 1, 2)
-    self.assertIn('| rope | 2 of 3; 1 diverged at step 40 | 90.0 ± 0.0 |', text)
-    self.assertIn('**1 run(s) diverged**', text)
+    self.assertIn('| rope | 2 of 3; 1 diverged at step 40 | 90.0 ± 0.0, worst 90.0 |', text)
+    self.assertIn('**1 run diverged**', text)
     self.assertIn('copy rope seed 2 at step 40', text)
 
   def test_all_seeds_diverged_shows_no_mean(self):
@@ -42,7 +42,7 @@ class DivergedRowsTest(absltest.TestCase):
     a = [_row(s, 2, 0.5) for s in (0, 1)]
     b = [_row(0, 2, 0.7), _row(1, 2, 0.0, diverged_at=9)]
     text = results.comparison_markdown(a, b, names=('old', 'new'), train_max=(2, 2))
-    self.assertIn('| rope | 1–L | 50.0 ± 0.0 (2) | 70.0 ± 0.0 (1) | +20.0 | '
+    self.assertIn('| rope | 1–L | 50.0 ± 0.0, worst 50.0 (2) | 70.0 (1) | +20.0 | '
                   'new: 1 of 2; 1 diverged at step 9 seeds |', text)
 
   def test_diverged_at_round_trips_through_results_csv(self):

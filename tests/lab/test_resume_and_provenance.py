@@ -228,7 +228,7 @@ class ProcessTest(absltest.TestCase):
       row = dict(task='copy', encoding='rope', seed=int(seed_dir[4]), length=8,
                  token_accuracy=accuracy, exact_match=accuracy, generated_exact_match='',
                  generation_agreement='', config_hash='h', version='v', diverged_at='',
-                 num_steps='')
+                 num_steps='', hard_exact_match='')
       with open(os.path.join(run_dir, 'results.csv'), 'w') as f:
         f.write(','.join(results.FIELDS) + '\n')
         f.write(','.join(str(row[k]) for k in results.FIELDS) + '\n')

@@ -62,8 +62,10 @@ class StepsColumnTest(absltest.TestCase):
     self.assertEqual(results.read_rows(path)[0]['num_steps'], 5)
     with open(path) as f:
       lines = f.read().splitlines()
+    at = lines[0].split(',').index('num_steps')
     with open(path, 'w') as f:  # an older file: no num_steps column
-      f.write('\n'.join(line.rsplit(',', 1)[0] for line in lines) + '\n')
+      f.write('\n'.join(','.join(v for i, v in enumerate(line.split(',')) if i != at)
+                        for line in lines) + '\n')
     self.assertIsNone(results.read_rows(path)[0]['num_steps'])
 
 

@@ -158,7 +158,7 @@ class WorkdirIdentityTest(absltest.TestCase):
     self.assertEqual(table, _table(seed0 + '-2/results.csv'))  # seed 1 was trained otherwise
     self.assertLen({r['config_hash'] for r in table}, 1)
     summary = _read(os.path.join(workdir, 'summary.md'))
-    self.assertIn('cover 1 runs', summary)
+    self.assertIn('cover 1 run,', summary)
     self.assertIn('copy/none/seed0 (trained with other train.learning_rate)', summary)
     # Back to the first config: its runs again, the retrained one left out.
     messages = []

@@ -60,7 +60,8 @@ def run_scores(lengths, accuracies, train_max_length: int) -> dict:
 
 def setting_scores(per_seed: list[dict], diverged_at=None) -> dict:
   """A setting's scores over its seeds' `run_scores`: for each score, the
-  maximum (the papers'), the mean and the standard deviation (ddof 0), over
+  maximum (the papers'), the mean, the standard deviation (ddof 0) and the
+  minimum (the worst seed), over
   the seeds that did not diverge (`diverged_at`: per seed None or the step
   its training loss became non-finite), and `seeds`, how many that is (NaN
   scores when none is left)."""
@@ -70,8 +71,8 @@ def setting_scores(per_seed: list[dict], diverged_at=None) -> dict:
   for name in ('score_official', 'score_plain', 'in_range'):
     values = np.asarray([s[name] for s in kept], np.float64)
     if not len(values):
-      out[name] = dict(max=float('nan'), mean=float('nan'), std=float('nan'))
+      out[name] = dict(max=float('nan'), mean=float('nan'), std=float('nan'), min=float('nan'))
       continue
     out[name] = dict(max=float(np.max(values)), mean=float(np.mean(values)),
-                     std=float(np.std(values)))
+                     std=float(np.std(values)), min=float(np.min(values)))
   return out

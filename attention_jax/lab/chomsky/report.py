@@ -5,9 +5,16 @@ show them).
 
 A setting's score (task × encoding): its best run over seeds and learning
 rates (`max`, the papers' statistic), and the mean ± std over the seeds of
-the learning rate with the best mean. A seed whose training loss became
+the learning rate with the best mean, with that learning rate's worst seed
+(`min`) beside it (one seed: its score alone). A seed whose training loss became
 non-finite (`trainer.diverged_steps`) is left out of both, marked in
 results.csv's `diverged_at` and counted in summary.md and the figure.
+
+The hard set (`chomsky.hard`: parity of all ones, bucket_sort of equal
+tokens, …), where the task has one: results.csv's `hard_exact` (per run,
+the fraction of hard inputs exact) and summary.md's hard table (per setting,
+the seeds exact on every hard input, of the learning rate with the best
+mean). Records of older code have none: their cells say so.
 """
 
 import os
@@ -20,6 +27,7 @@ from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
 import numpy as np
 
 from attention_jax.lab import results
+from attention_jax.lab.chomsky import hard as hard_set
 from attention_jax.lab.chomsky import published
 from attention_jax.lab.tasks import SPECS
 from attention_jax.lab.train.divergence import DIVERGED
@@ -30,7 +38,8 @@ SCORES = ('score_official', 'score_plain', 'in_range')
 
 
 def combine(records: list[dict]) -> dict:
-  """(task, encoding) -> {score: {'max', 'mean', 'std', 'learning_rate'}, and
+  """(task, encoding) -> {score: {'max', 'mean', 'std', 'min', 'seeds',
+  'learning_rate'} (min and seeds: of the learning rate with the best mean), and
   'train_accuracy': the best learning rate's last-chunk training accuracy,
   mean over seeds}."""
   by_setting = {}
@@ -44,10 +53,16 @@ def combine(records: list[dict]) -> dict:
     for name in SCORES:
       best = max(group, key=lambda r: finite(r['scores'][name]['mean']))
       maxima = [r['scores'][name]['max'] for r in group if np.isfinite(r['scores'][name]['max'])]
+      kept = [s[name] for s, step in zip(best['per_seed'], _diverged(best)) if step is None]
       scores[name] = dict(max=max(maxima) if maxima else float('nan'),
                           mean=best['scores'][name]['mean'], std=best['scores'][name]['std'],
+                          min=float(np.min(kept)) if kept else float('nan'), seeds=len(kept),
                           learning_rate=best['learning_rate'])
     best = max(group, key=lambda r: finite(r['scores']['score_official']['mean']))
+    if best.get('hard') and any(best['hard']):  # per kept seed: (seed, fraction, rows)
+      scores['hard'] = [(seed, hard_set.exact_fraction(rows), rows)
+                        for seed, rows, step in zip(best['seeds'], best['hard'], _diverged(best))
+                        if step is None]
     scores['train_accuracy'] = float(np.mean(best.get('train_accuracy', [np.nan])))
     scores['runs'] = sum(len(r['seeds']) for r in group)
     scores['diverged'] = [(r['learning_rate'], seed, step) for r in group
@@ -87,7 +102,8 @@ def _lost(s: dict) -> str:
   if not s['diverged']:
     return ''
   steps = ', '.join(str(step) for _, _, step in s['diverged'])
-  return f" [{s['runs'] - len(s['diverged'])} of {s['runs']} runs; {len(s['diverged'])} diverged at step {steps}]"
+  return (f" [{s['runs'] - len(s['diverged'])} of {results.plural(s['runs'], 'run')}; "
+          f"{len(s['diverged'])} diverged at step{'s' * (len(s['diverged']) > 1)} {steps}]")
 
 
 def write_outputs(records: list[dict], config, workdir: str) -> None:
@@ -104,12 +120,15 @@ def write_outputs(records: list[dict], config, workdir: str) -> None:
 
 
 def _write_csv(records, path):
-  fields = ['task', 'level', 'encoding', 'learning_rate', 'seed', *SCORES, 'diverged_at']
+  fields = ['task', 'level', 'encoding', 'learning_rate', 'seed', *SCORES, 'diverged_at',
+            'hard_exact']
   results.write_table(path, fields, (
       dict(task=r['task'], level=r['level'], encoding=r['encoding'],
            learning_rate=r['learning_rate'], seed=seed, **{k: f'{s[k]:.4f}' for k in SCORES},
-           diverged_at='' if step is None else step)
-      for r in records for seed, s, step in zip(r['seeds'], r['per_seed'], _diverged(r))))
+           diverged_at='' if step is None else step,
+           hard_exact='' if not hard else f'{hard_set.exact_fraction(hard):.4f}')
+      for r in records for seed, s, step, hard in zip(
+          r['seeds'], r['per_seed'], _diverged(r), r.get('hard') or [None] * len(r['seeds']))))
 
 
 def _level(task_name):
@@ -118,6 +137,15 @@ def _level(task_name):
 
 def _pct(x):
   return f'{100 * x:.1f}'
+
+
+def spread(score: dict) -> str:
+  """'mean ± std, worst W' of a `combine` score over its seeds; one seed's
+  score alone (no spread to show)."""
+  if score.get('seeds', 2) == 1:
+    return _pct(score['mean'])
+  worst = f', worst {_pct(score["min"])}' if 'min' in score else ''
+  return f'{_pct(score["mean"])} ± {_pct(score["std"])}{worst}'
 
 
 def summary(combined, task_names, encodings, config) -> str:
@@ -135,7 +163,8 @@ def summary(combined, task_names, encodings, config) -> str:
       f'{tuple(config.study.seeds)}, learning rates {tuple(config.study.learning_rates)}.', '',
       f'**Score** (accuracy %, their average: test lengths {t.max_length + 2}–{e.max_length}, '
       f'skipping {t.max_length + 1} as their code does): the best run over seeds and learning '
-      'rates, as the papers report it, then the mean ± std over seeds.', '',
+      'rates, as the papers report it, then the mean ± std over seeds and the worst seed '
+      '(of the learning rate with the best mean).', '',
       '| level | task | ' + ' | '.join(encodings) + ' |',
       '|---|---|' + '---|' * len(encodings)]
   for name in task_names:
@@ -143,8 +172,8 @@ def summary(combined, task_names, encodings, config) -> str:
     for enc in encodings:
       s = combined.get((name, enc))
       cells.append('–' if s is None else
-                   f'{_pct(s["score_official"]["max"])} ({_pct(s["score_official"]["mean"])}'
-                   f' ± {_pct(s["score_official"]["std"])})' + _lost(s))
+                   f'{_pct(s["score_official"]["max"])} ({spread(s["score_official"])})'
+                   + _lost(s))
     lines.append(f'| {_level(name)} | {name} | ' + ' | '.join(cells) + ' |')
   lines += randomized_gains(combined, task_names, encodings)
   lines += beside_published(combined, task_names, encodings)
@@ -152,10 +181,11 @@ def summary(combined, task_names, encodings, config) -> str:
             f'`official`: lengths {t.max_length + 2}–{e.max_length} (their average); '
             f'`plain`: {t.max_length + 1}–{e.max_length}; `train`: accuracy on the training '
             f'batches of the last {t.steps_per_call} steps (dropout on), mean over seeds. Max over runs, '
-            'then mean ± std.', '']
+            'then mean ± std and the worst seed.', '']
   for name in task_names:
     lines += [f'### {name} ({_level(name)})', '',
-              '| encoding | official max | official mean ± std | plain max | plain mean ± std '
+              '| encoding | official max | official mean ± std, worst | plain max | '
+              'plain mean ± std, worst '
               '| train | published (DAPE 2024) |',
               '|---|---|---|---|---|---|---|']
     for enc in encodings:
@@ -164,13 +194,46 @@ def summary(combined, task_names, encodings, config) -> str:
         continue
       o, p = s['score_official'], s['score_plain']
       pub = published.dape_2024(name, enc)
-      lines.append(f'| {enc}{_lost(s)} | {_pct(o["max"])} | {_pct(o["mean"])} ± {_pct(o["std"])} | '
-                   f'{_pct(p["max"])} | {_pct(p["mean"])} ± {_pct(p["std"])} | '
+      lines.append(f'| {enc}{_lost(s)} | {_pct(o["max"])} | {spread(o)} | '
+                   f'{_pct(p["max"])} | {spread(p)} | '
                    f'{_pct(s["train_accuracy"])} | {"–" if pub is None else f"{pub:.2f}"} |')
     lines.append('')
+  lines += hard_table(combined, task_names, encodings)
   lines += [f'Published values: {published.DAPE_2024_SOURCE}. '
             f'{published.RUOSS_2023_SOURCE}.', '']
   return '\n'.join(lines)
+
+
+def hard_table(combined, task_names, encodings) -> list[str]:
+  """summary.md's hard-set table (module docstring): per task with a hard
+  set and encoding, 'k of S' seeds exact on every hard input, the exact
+  match over them (mean ± std, worst seed) and the cases the worst seed
+  fails."""
+  shown = [n for n in task_names if hard_set.has_cases(SPECS[n])]
+  if not shown:
+    return []
+  lines = ['## Hard cases', '',
+           'Each setting\'s models (the learning rate with the best mean) on the hard inputs '
+           'at every evaluated length (tasks/hard_cases.py CHOMSKY: parity of all ones, '
+           'bucket_sort of equal or sorted tokens, one symbol, alternating, period 3): seeds '
+           'exact on every one, the fraction exact (mean ± std, worst seed), and the cases the '
+           'worst seed gets wrong. – : no hard scores (a record written by older code, or every seed '
+           'diverged).', '',
+           '| task | encoding | exact on all | hard inputs exact | worst seed fails |',
+           '|---|---|---|---|---|']
+  for name in shown:
+    for enc in encodings:
+      s = combined.get((name, enc))
+      if s is None or not s.get('hard'):
+        lines.append(f'| {name} | {enc} | – | – | – |')
+        continue
+      fractions = [f for _, f, _ in s['hard']]
+      perfect = sum(f == 1.0 for f in fractions)
+      _, _, rows = min(s['hard'], key=lambda h: h[1])
+      failed = list(dict.fromkeys(r['case'] for r in rows if r['exact_match'] < 1.0))
+      lines.append(f'| {name} | {enc} | {perfect} of {len(fractions)} | '
+                   f'{results.cell(fractions)} | {", ".join(failed) or "none"} |')
+  return lines + ['']
 
 
 def randomized_gains(combined, task_names, encodings) -> list[str]:

@@ -43,6 +43,7 @@ from flax import nnx
 
 from attention_jax.lab import cluster
 from attention_jax.lab import locks
+from attention_jax.lab.chomsky import hard as hard_set
 from attention_jax.lab.chomsky import layout
 from attention_jax.lab.chomsky import protocol
 from attention_jax.lab.chomsky import report
@@ -273,12 +274,13 @@ def run_group(programs, config, encoding, learning_rate, names, progress, *,
     raise_if_stopped(f'before evaluating {task.name} × {encoding} (training checkpointed)')
     evaluating = time.time()
     accuracies = trainer.evaluate(programs, task, encoding, graphdef, task_params, rest)
+    hard_rows = hard_set.evaluate(programs, task, encoding, graphdef, task_params, rest)
     per_seed = [protocol.run_scores(lengths, a, config.train.max_length) for a in accuracies]
     records.append(dict(
         task=task.name, level=task.level, encoding=encoding, learning_rate=learning_rate,
         seeds=seeds, lengths=lengths, accuracies=accuracies.tolist(),
         per_seed=per_seed, scores=protocol.setting_scores(per_seed, diverged_at),
-        diverged_at=diverged_at,
+        diverged_at=diverged_at, hard=hard_rows,
         train_accuracy=train_accuracy, trained_with=list(names), log=trained_log['log'],
         seconds=dict(train_group=trained, evaluate=time.time() - evaluating)))
   return records
@@ -389,7 +391,8 @@ def _run_held(programs, config, workdir, found, encoding, lr, missing, directory
     s = record['scores']['score_official']
     lost = report.diverged_text(record)
     progress(f'  {record["task"]} × {encoding}: score {100 * s["max"]:.1f}% (max over '
-             f'seeds; mean {100 * s["mean"]:.1f} ± {100 * s["std"]:.1f})'
+             f'seeds; ' + ('' if record['scores'].get('seeds') == 1 else 'mean ')
+             + f"{report.spread(dict(s, seeds=record['scores']['seeds']))})"
              + (f'; {lost}, left out' if lost else ''))
 
 
