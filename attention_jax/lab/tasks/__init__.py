@@ -9,7 +9,7 @@ Abacus digits) is a task of the decoder protocol only.
 
 `TASKS` maps a name to its decoder-protocol task. Training and evaluation
 never ask which task they run: a task of the protocol is a frozen dataclass
-with `name`, `pack`, `coupled_max_position`, `digit_tokens` (what Abacus
+with `name`, `pack`, `pack_segments`, `coupled_max_position`, `digit_tokens` (what Abacus
 embeddings count; () for none), `has_seq2seq`, `ceiling`, and
 
   configure(task_config) -> task   its options from the config's `task` group
@@ -43,6 +43,7 @@ from attention_jax.lab.tasks import addition
 from attention_jax.lab.tasks import copy
 from attention_jax.lab.tasks import coupling
 from attention_jax.lab.tasks import packing
+from attention_jax.lab.tasks import packed_rows
 from attention_jax.lab.tasks.decoder import DecoderTask
 from attention_jax.lab.tasks.spec import LEVELS
 from attention_jax.lab.tasks.spec import TaskSpec
