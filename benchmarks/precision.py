@@ -24,7 +24,6 @@ precision.json and precision.md into --out.
 """
 
 import statistics
-import time
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +34,7 @@ from absl import flags
 from flax import nnx
 
 import attention_jax as aj
+from benchmarks.report import interleaved_times
 from benchmarks.report import write_report
 from configs import copy as copy_config
 
@@ -111,14 +111,7 @@ def timed(label: str, runs: dict, atol: float) -> list[dict]:
   outputs = {name: np.asarray(output(), np.float32) for name, (_, output) in runs.items()}
   np.testing.assert_allclose(outputs['bf16'], outputs['f32'], atol=atol, rtol=0,
                              err_msg=label)
-  for run, _ in runs.values():
-    run()  # warm-up
-  times = {name: [] for name in runs}
-  for _ in range(_REPEATS.value):
-    for name, (run, _) in runs.items():
-      start = time.perf_counter()
-      run()
-      times[name].append(time.perf_counter() - start)
+  times = interleaved_times({name: run for name, (run, _) in runs.items()}, _REPEATS.value)
   base = statistics.median(times['f32'])
   return [dict(case=label, precision=name, median_s=statistics.median(ts), min_s=min(ts),
                max_s=max(ts), ratio_to_f32=statistics.median(ts) / base)

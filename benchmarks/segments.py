@@ -16,7 +16,6 @@ segments.json and segments.md into --out.
 """
 
 import statistics
-import time
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +24,7 @@ from absl import app
 from absl import flags
 
 import attention_jax as aj
+from benchmarks.report import interleaved_times
 from benchmarks.report import write_report
 
 _LENGTHS = flags.DEFINE_list('lengths', ['1024', '4096'], 'Sequence lengths.')
@@ -67,14 +67,9 @@ def main(argv):
     for strategy in _STRATEGIES.value:
       _check(strategy, ids, q, k, v, documents)
       steps = {'segments': _step(strategy, ids)[1], 'plain': _step(strategy, None)[1]}
-      times = {name: [] for name in steps}
-      for step in steps.values():
-        jax.block_until_ready(step(q, k, v))
-      for _ in range(_REPEATS.value):
-        for name, step in steps.items():
-          start = time.perf_counter()
-          jax.block_until_ready(step(q, k, v))
-          times[name].append(time.perf_counter() - start)
+      times = interleaved_times(
+          {name: lambda step=step: jax.block_until_ready(step(q, k, v))
+           for name, step in steps.items()}, _REPEATS.value)
       medians = {name: statistics.median(t) for name, t in times.items()}
       rows.append(dict(length=length, strategy=strategy, documents=documents,
                        times_s=times, median_s=medians,
