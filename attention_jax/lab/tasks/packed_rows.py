@@ -41,7 +41,9 @@ def row_length(task, max_length: int) -> int:
 
 def stream_size(task, batch_size: int, min_length: int, max_length: int) -> int:
   """Examples drawn per batch: enough to fill every row with the shortest
-  examples (`sequence_length(min_length)` tokens each)."""
+  examples (`sequence_length(min_length)` tokens each; for addition, whose
+  sums vary in length, nearly: a stream that ran out would leave the last
+  rows emptier, never wrong)."""
   shortest = max(1, min(task.sequence_length(min_length), task.sequence_length(max_length)))
   return batch_size * (row_length(task, max_length) // shortest)
 
