@@ -1,6 +1,11 @@
 """Packed rows with segment ids (`task.pack_segments`, tasks/packed_rows.py):
 each example alone, the loss and gradients of the same examples padded."""
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -8,6 +13,7 @@ import numpy as np
 from absl.testing import absltest
 from absl.testing import parameterized
 from flax import nnx
+import pytest
 
 from attention_jax.lab import models
 from attention_jax.lab import tasks
@@ -141,6 +147,30 @@ class PackedRowsTest(parameterized.TestCase):
     _, metrics = train.train(c, progress=False)
     self.assertTrue(np.isfinite(metrics['loss']))
     self.assertGreaterEqual(metrics['examples'], c.train.batch_size)
+
+  @pytest.mark.slow  # a subprocess of 4 devices; packed batches are checked above
+  def test_packed_rows_four_devices_equal_one_device(self):
+    script = textwrap.dedent('''
+        import jax
+        from attention_jax.lab import train
+        from configs import copy as copy_config
+        c = copy_config.get_config('scale=tiny,encoding=rope')
+        c.task.pack_segments = 2
+        c.train.update(num_steps=4, log_every=4)
+        print('LOSS', jax.device_count(), train.train(c, progress=False)[1]['loss'])
+        ''')
+    losses = {}
+    for devices in (1, 4):
+      env = dict(os.environ, JAX_PLATFORMS='cpu',
+                 XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}')
+      out = subprocess.run([sys.executable, '-c', script], env=env, capture_output=True,
+                           text=True, cwd=os.path.dirname(os.path.dirname(os.path.dirname(
+                               os.path.abspath(__file__)))), check=False, timeout=240)
+      self.assertEqual(out.returncode, 0, out.stderr[-3000:])
+      count, loss = out.stdout.split('LOSS')[1].split()[:2]
+      self.assertEqual(int(count), devices)
+      losses[devices] = float(loss)
+    self.assertAlmostEqual(losses[4], losses[1], places=5)
 
   @parameterized.named_parameters(
       ('negative', dict(pack_segments=-1), r'task.pack_segments=-1 must be an integer >= 0'),
