@@ -83,6 +83,7 @@ def get_config(arg=None):
   c.task.index_hints = False  # Zhou's index hints (the `hints` variant sets it)
   c.task.num_hints = 102  # the cyclic set of hint markers (102 in McLeish's and Zhou's code)
   c.task.pack = 1  # examples per training sequence
+  c.task.pack_segments = 0  # packed rows of isolated examples (configs/copy.py); 0 = off
 
   c.model.encoding = 'fire'
   c.model.num_layers = 2

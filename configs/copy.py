@@ -123,6 +123,13 @@ def get_config(arg=None):
   # 2024: earlier examples are distractors, later ones sit at large positions);
   # the loss covers every example's outputs. Evaluation: one per sequence.
   c.task.pack = 1
+  # Packed rows (what JAX trainers do, unlike task.pack): training rows of K padded
+  # examples' tokens, filled with as many whole examples as fit, each attending only
+  # to itself (segment ids) at positions restarting at 0; the loss is the mean over
+  # every example's output tokens, as padded one per row. Removes padding: more
+  # examples per step at the same batch_size (rows). Transformers; not with
+  # task.pack > 1 or Abacus. 0 = off (one example per row, padded).
+  c.task.pack_segments = 0
 
   c.model = ml_collections.ConfigDict()
   c.model.kind = 'transformer'  # transformer | seq2seq | seq2seq_attention (GRU, lesson 7.1)
@@ -174,6 +181,12 @@ def get_config(arg=None):
   # stick_breaking only: query i also breaks a share for key i (the official
   # attend_current; default False, keys j < i).
   c.model.stick_breaking_attend_current = False
+  # Precision, Flax's way: every layer computes in model.dtype (float32 | bfloat16;
+  # bf16 on a GPU/TPU is --config.model.dtype=bfloat16) and stores its parameters,
+  # and so the optimizer's state, in model.param_dtype (float32: master weights).
+  # Softmax, RoPE angles, cumulative gates, logits and the loss stay float32 either way.
+  c.model.dtype = 'float32'
+  c.model.param_dtype = 'float32'
   c.model.rnn_hidden_dim = 128  # seq2seq only: GRU state width
   c.model.bidirectional = False  # seq2seq only: forward + backward GRU encoder
   c.model.attention_score = 'additive'  # seq2seq_attention only: additive (Bahdanau) | dot (Luong)

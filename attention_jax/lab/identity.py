@@ -61,7 +61,8 @@ EXTENSIONS = 'extensions.json'
 # did), so an upgrade does not turn finished runs into mismatches.
 ADDED_LATER = {'model.normalization': 'softmax', 'model.stick_breaking_attend_current': False,
                'model.scalable_softmax': 0.0, 'model.encoding_options.hard_alibi.offsets': (),
-               'model.variant': ''}
+               'model.variant': '', 'model.dtype': 'float32', 'model.param_dtype': 'float32',
+               'task.pack_segments': 0}
 
 
 class RunMismatch(ConfigError):

@@ -26,6 +26,9 @@ from attention_jax.positional import ENCODINGS
 from attention_jax.positional import parse_encoding_spec
 
 MODEL_KINDS = ('transformer', 'seq2seq', 'seq2seq_attention')
+# model.dtype / model.param_dtype. float16 is refused: without loss scaling its
+# 5-bit exponent underflows small gradients; bfloat16 keeps float32's range.
+DTYPES = ('float32', 'bfloat16')
 
 
 def encoding_name(config: ml_collections.ConfigDict) -> str:
@@ -55,19 +58,44 @@ def coupled_max_position(config: ml_collections.ConfigDict) -> int:
   return config.positions.max_position or config.eval.max_length + 3
 
 
+def pack_segments(config: ml_collections.ConfigDict) -> int:
+  """`task.pack_segments` (absent in older configs: 0, off): training rows of
+  that many padded examples' tokens, filled with examples that each attend
+  only to themselves (`tasks/packed_rows.py`). A ValueError names a bad
+  value or a combination that cannot work."""
+  k = config.task.get('pack_segments', 0)
+  if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+    raise ValueError(f'invalid config: task.pack_segments={k!r} must be an integer >= 0 '
+                     '(0 = off; K = training rows of K padded examples\' tokens).')
+  if k and config.task.get('pack', 1) > 1:
+    raise ValueError(f"invalid config: task.pack_segments={k} and task.pack="
+                     f"{config.task.pack} do not combine: task.pack's examples see each other "
+                     'on purpose, pack_segments\' see only themselves; set one of them off '
+                     '(task.pack=1 or task.pack_segments=0).')
+  if k and uses_abacus(config):
+    raise ValueError(f'invalid config: task.pack_segments={k} with Abacus embeddings '
+                     '(model.abacus): their digit runs would continue from one example into '
+                     'the next; set task.pack_segments=0.')
+  return k
+
+
 def configured_task(config: ml_collections.ConfigDict) -> tasks.DecoderTask:
   """`config.task.name`'s task with the config's data options: `task.pack`
-  examples per training sequence (transformers; 1 for seq2seq models) and
-  coupled positions ('NAME:coupled'). A ValueError names a bad value."""
+  examples per training sequence or `task.pack_segments` (transformers; off
+  for seq2seq models, which train one example per sequence) and coupled
+  positions ('NAME:coupled'). A ValueError names a bad value."""
   task = task_of(config)
   pack = config.task.get('pack', 1)
   if isinstance(pack, bool) or not isinstance(pack, int) or pack < 1:
     raise ValueError(f'invalid config: task.pack={pack!r} must be an integer >= 1 '
                      '(examples per training sequence).')
+  segments = pack_segments(config)
   max_position = coupled_max_position(config)
   if max_position:
     task.check_max_position(max_position, config.eval.max_length)
-  return dataclasses.replace(task, pack=pack if config.model.kind == 'transformer' else 1,
+  transformer = config.model.kind == 'transformer'
+  return dataclasses.replace(task, pack=pack if transformer else 1,
+                             pack_segments=segments if transformer else 0,
                              coupled_max_position=max_position,
                              abacus_max_k=abacus_max_k(config))
 
@@ -170,6 +198,22 @@ def resolve_options(config: ml_collections.ConfigDict) -> ml_collections.ConfigD
   return resolved
 
 
+def precision(config: ml_collections.ConfigDict) -> dict:
+  """`dtype` (computation) and `param_dtype` (storage) for the library's
+  modules, from model.dtype and model.param_dtype (absent in older configs:
+  float32). Softmax, RoPE angles, gates and the logits stay float32 whatever
+  they say (the library's rule), so the loss is float32. A ValueError names
+  a value outside `DTYPES`."""
+  found = {}
+  for name in ('dtype', 'param_dtype'):
+    value = config.model.get(name, 'float32')
+    if value not in DTYPES:
+      raise ValueError(f'invalid config: model.{name}={value!r}; allowed: {list(DTYPES)} '
+                       '(float16 is refused: without loss scaling it underflows gradients).')
+    found[name] = jnp.dtype(value)
+  return found
+
+
 def normalization(config: ml_collections.ConfigDict) -> Normalization:
   """'softmax', or a `StickBreaking` with model.stick_breaking_attend_current,
   from model.normalization (absent in older configs: softmax)."""
@@ -189,7 +233,7 @@ def build_model(config: ml_collections.ConfigDict, seed: int) -> nnx.Module:
         vocab_size=vocab_size, embed_dim=m.d_model, hidden_dim=m.rnn_hidden_dim,
         attention=m.kind == 'seq2seq_attention', start_token=tasks.BOS,
         bidirectional=m.bidirectional, score=m.attention_score,
-        rngs=nnx.Rngs(params=seed))
+        rngs=nnx.Rngs(params=seed), **precision(config))
   return TransformerLM(
       vocab_size=vocab_size, d_model=m.d_model, num_heads=m.num_heads,
       num_layers=m.num_layers, mlp_dim=m.mlp_dim, encoding=encoding_name(config),
@@ -198,6 +242,7 @@ def build_model(config: ml_collections.ConfigDict, seed: int) -> nnx.Module:
       implementation=m.attention_implementation,
       scalable_softmax=m.scalable_softmax or None, normalization=normalization(config),
       encoding_options=encoding_options(config), rngs=nnx.Rngs(params=seed),
+      **precision(config),
       # Abacus ids: validated against the table before compiling (task_checks).
       abacus=dict(digit_tokens=task.digit_tokens, rows=abacus_embeddings(config),
                   max_k=abacus_max_k(config), check_ids=False) if uses_abacus(config) else None)
@@ -215,12 +260,16 @@ def batch_layout(model: nnx.Module) -> str:
 
 def forward_batch(model: nnx.Module, batch: dict[str, jax.Array]) -> jax.Array:
   """Teacher-forced logits `[B, T, V]` aligned with `batch['targets']` (at
-  `batch['positions']` when the batch has them: randomized positions)."""
+  `batch['positions']` when the batch has them: randomized positions; each
+  example by itself when it has `segment_ids`: packed rows)."""
   if isinstance(model, Seq2Seq):
     return model(batch['source'], batch['source_mask'], batch['decoder_inputs'])
   if 'abacus_offset' in batch:  # training batches of an Abacus model: its k
     return model(batch['inputs'], positions=batch.get('positions'),
                  abacus_offset=batch['abacus_offset'])
+  if 'segment_ids' in batch:  # positions restart per example unless the batch has its own
+    return model(batch['inputs'], positions=batch.get('positions'),
+                 segment_ids=batch['segment_ids'])
   return model(batch['inputs'], positions=batch.get('positions'))
 
 

@@ -19,6 +19,7 @@ from attention_jax.attention import Request
 from attention_jax.attention import select_implementation
 from attention_jax.attention.scores import as_terms
 from attention_jax.lab import eval_budget
+from attention_jax.lab import models
 from attention_jax.lab import tasks
 from attention_jax.lab.cluster import check_shard
 from attention_jax.lab.errors import ConfigError
@@ -204,6 +205,14 @@ def _check_normalization(m) -> None:
            f"'stick_breaking' (it is {norm!r}).")
 
 
+def _config_check(check, config: ml_collections.ConfigDict) -> None:
+  """`check(config)`'s ValueError (its message names the field) as a ConfigError."""
+  try:
+    check(config)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+
+
 def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -> None:
   """Checks one run's config, or with `study=True` every run of the sweep."""
   t, m, tr, ev = config.task, config.model, config.train, config.eval
@@ -257,6 +266,7 @@ def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -
   _check_positive(config.study, [k for k in ('parallel_setups',) if k in config.study], 'study')
   refusal = task_refusal(config, task_names, kinds)
   _require(refusal is None, refusal)
+  _config_check(models.precision, config)  # model.dtype, model.param_dtype
   if 'transformer' not in kinds:
     return  # the remaining checks concern transformers only
 
@@ -302,6 +312,7 @@ def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -
     refusal = (kernel_refusal(asked, spec) or position_refusal(asked, spec, task_names)
                or entry_refusal(asked, task_names))
     _require(refusal is None, refusal)
+    _config_check(models.pack_segments, asked)  # an entry may add Abacus
   encodings = {name for name, _ in parsed}
   randomized = any(r for _, r in parsed)
   _require(m.num_kv_heads >= 0 and (m.num_kv_heads == 0 or m.num_heads % m.num_kv_heads == 0),

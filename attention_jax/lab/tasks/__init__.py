@@ -33,6 +33,7 @@ from attention_jax.lab.tasks import addition
 from attention_jax.lab.tasks import copy
 from attention_jax.lab.tasks import coupling
 from attention_jax.lab.tasks import packing
+from attention_jax.lab.tasks import packed_rows
 from attention_jax.lab.tasks.decoder import DecoderTask
 from attention_jax.lab.tasks.protocol import Task
 from attention_jax.lab.tasks.spec import LEVELS

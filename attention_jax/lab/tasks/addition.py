@@ -67,6 +67,7 @@ class Addition:
   index_hints: bool = False
   num_hints: int = 102
   pack: int = 1  # examples per training sequence
+  pack_segments: int = 0  # > 0: rows of this many padded examples' tokens, isolated examples
   coupled_max_position: int = 0  # > 0: coupled position ids, all below this
   abacus_max_k: int = 0  # > 0: training batches carry an Abacus offset k in [0, this]
   digit_tokens = DIGITS  # what Abacus embeddings count

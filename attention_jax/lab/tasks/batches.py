@@ -17,9 +17,11 @@ lengths and are right-padded. Under a causal mask padding sits after every
 real token and so is never attended by one; it only has to be kept out of the
 loss, which `loss_mask` does.
 
-Two options ride on the task (set from a config by
+Three options ride on the task (set from a config by
 `lab.models.configured_task`): `pack`, examples packed per training sequence
-(`packing.py`; evaluation stays one per sequence), and
+(`packing.py`, examples seeing each other; evaluation stays one per
+sequence), `pack_segments`, rows packed with examples that each see only
+themselves (`packed_rows.py`: segment ids, padding removed), and
 `coupled_max_position`, position coupling (`coupling.py`): the batches then
 carry `positions`, the coupled ids, for the model to read.
 """
@@ -142,10 +144,23 @@ def train_batch(task, seed: int, step: jax.Array, *, batch_size: int,
   `max_position` > 0 (decoder-only layout), randomized positions too, drawn
   per example or per batch (`draw`, see `with_random_positions`). With
   `task.pack` > 1 or `task.coupled_max_position`, `_packed_batch`'s layout
-  (packed examples, coupled positions with a random offset each)."""
+  (packed examples, coupled positions with a random offset each). With
+  `task.pack_segments` > 0, `packed_rows.packed_batch`'s rows (examples
+  isolated by `segment_ids`, positions drawn per example)."""
   key = jax.random.fold_in(jax.random.key(seed), step)
   length_key, token_key = jax.random.split(key)
-  if task.pack > 1 or task.coupled_max_position:
+  if task.pack_segments:
+    if layout != 'decoder_only':
+      raise ValueError(f'task.pack_segments={task.pack_segments} needs the decoder_only '
+                       f'layout, not {layout!r}.')
+    # Its own stream; positions (coupled, randomized) drawn per packed example.
+    # Imported here: packed_rows imports this module's PAD.
+    from attention_jax.lab.tasks import packed_rows  # pylint: disable=import-outside-toplevel
+    batch = packed_rows.packed_batch(task, key, batch_size=batch_size, min_length=min_length,
+                                     max_length=max_length, vocab_size=vocab_size,
+                                     max_position=max_position, draw=draw)
+    max_position = 0
+  elif task.pack > 1 or task.coupled_max_position:
     if layout != 'decoder_only':
       raise ValueError(f'task.pack={task.pack} / coupled positions need the decoder_only '
                        f'layout, not {layout!r}.')

@@ -36,6 +36,7 @@ class DecoderTask:
   """A `TaskSpec` laid out for the causal decoder (module docstring)."""
   spec: TaskSpec
   pack: int = 1  # examples per training sequence
+  pack_segments: int = 0  # > 0: rows of this many padded examples' tokens, isolated examples
   coupled_max_position: int = 0  # > 0: coupled position ids, all below this (copy family)
   abacus_max_k: int = 0
   digit_tokens = ()  # no digit runs for Abacus embeddings to count

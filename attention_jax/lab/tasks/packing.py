@@ -8,7 +8,8 @@ beyond a single example's length. Ours packs exactly `pack` examples
 (`task.pack`), each `BOS x SEP y EOS` with its own length, back to back, then
 PAD to the fixed size `pack × sequence_length`: no example is cut (theirs
 truncates the last one and masks it out). Evaluation stays one example per
-sequence.
+sequence. The other packing, examples that do not see each other
+(`task.pack_segments`), is `packed_rows.py`.
 """
 
 import jax

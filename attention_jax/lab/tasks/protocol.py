@@ -19,7 +19,8 @@ class Task(Protocol):
   """The decoder protocol's task (module docstring)."""
 
   name: str
-  pack: int  # examples per training sequence (`packing.py`)
+  pack: int  # examples per training sequence, seeing each other (`packing.py`)
+  pack_segments: int  # > 0: packed rows of isolated examples (`packed_rows.py`)
   coupled_max_position: int  # > 0: coupled position ids, all below this
   abacus_max_k: int  # > 0: training batches carry an Abacus offset in [0, this]
   digit_tokens: tuple  # token ids Abacus embeddings count; () for none
