@@ -1,7 +1,25 @@
 """How `MultiHeadAttention` reads its arguments, written our way or Flax's:
-the width (`d_model` or `in_features`), the call's inputs (`x`/`context` or
-`inputs_q`/`inputs_k`/`inputs_v`, `is_causal`) and dropout's
-`deterministic` flags (Flax's precedence)."""
+the constructor's (`checked_arguments`: the width, `d_model` or
+`in_features`, and every other value checked before a parameter is made),
+the call's inputs (`x`/`context` or `inputs_q`/`inputs_k`/`inputs_v`,
+`is_causal`) and dropout's `deterministic` flags (Flax's precedence)."""
+
+import types
+
+from flax import nnx
+
+from attention_jax.attention.checks import check_count
+from attention_jax.attention.checks import check_flag
+from attention_jax.attention.checks import check_positive
+from attention_jax.attention.checks import check_rate
+from attention_jax.attention.dispatch import check_options
+from attention_jax.attention.normalization import as_normalization
+from attention_jax.attention.soft_cap import check_soft_cap
+from attention_jax.positional.parameters import check_dtypes
+from attention_jax.positional.base import PositionalEncoding
+from attention_jax.positional.registry import check_encoding_name
+
+OWNER = 'MultiHeadAttention'
 
 CAUSAL = ('MultiHeadAttention needs causal=: pass causal=True (decoder: query i sees keys '
           'j <= i) or causal=False (encoder / cross-attention, as flax.nnx.MultiHeadAttention '
@@ -60,3 +78,110 @@ def resolve_deterministic(rate: float, *flags) -> bool:
   raise ValueError(f'dropout_rate={rate} needs to know whether to drop: pass '
                    'deterministic=True/False to the constructor or the call, or set it '
                    'on the whole model with model.train() / model.eval().')
+
+
+def check_encoding_argument(owner: str, encoding) -> None:
+  """An encoding is a registry name (checked, with a suggestion), a
+  `PositionalEncoding` or None; refused before any parameter is made."""
+  if isinstance(encoding, str):
+    check_encoding_name(encoding)
+  elif encoding is not None and not isinstance(encoding, PositionalEncoding):
+    raise TypeError(f'{owner}: encoding must be a registry name, a PositionalEncoding or '
+                    f'None, got {type(encoding).__name__}.')
+
+
+def check_rngs(owner: str, rngs) -> None:
+  """Parameters are drawn from an `nnx.Rngs`; anything else (a seed, a key)
+  is refused before any is made."""
+  if not isinstance(rngs, nnx.Rngs):
+    raise TypeError(f'{owner}: rngs must be an nnx.Rngs (e.g. nnx.Rngs(0)), got '
+                    f'{type(rngs).__name__}.')
+
+
+def checked_arguments(*, d_model, num_heads, in_features, qkv_features, out_features,
+                      in_kv_features, encoding, causal, num_kv_heads, sliding_window, max_positions,
+                      use_bias, dtype, param_dtype, dropout_rate, deterministic,
+                      broadcast_dropout, decode, implementation, chunk_size,
+                      chunked_strategy, scalable_softmax, normalization, logit_soft_cap,
+                      sinks, rngs) -> types.SimpleNamespace:
+  """`MultiHeadAttention`'s constructor arguments checked, before any
+  parameter is made -> the values it reads (`d_model`, `num_heads`,
+  `num_kv_heads`, `dtype`, `param_dtype`, `causal`, `normalization`)."""
+  if causal is None:
+    raise ValueError(CAUSAL)
+  causal = check_flag(OWNER, 'causal', causal)
+  dtype, param_dtype = check_dtypes(OWNER, dtype, param_dtype)
+  d_model = model_width(d_model, in_features)
+  d_model = check_count(OWNER, 'd_model' if in_features is None else 'in_features', d_model)
+  if num_heads is None:
+    raise ValueError(f'MultiHeadAttention needs num_heads; {ORDER}.')
+  num_heads = check_count(OWNER, 'num_heads', num_heads)
+  if d_model % num_heads:
+    raise ValueError(
+        f'num_heads={num_heads} must be >= 1 and divide d_model={d_model}; {ORDER}.')
+  if qkv_features is not None and qkv_features != d_model:
+    raise ValueError(f'qkv_features={qkv_features}: this module keeps queries, keys and '
+                     f'values at the width d_model={d_model} (head_dim = d_model // '
+                     'num_heads, which the encodings read); leave qkv_features unset.')
+  for name, value in (('out_features', out_features), ('in_kv_features', in_kv_features),
+                      ('max_positions', max_positions)):
+    if value is not None:
+      check_count(OWNER, name, value)
+  check_rate(OWNER, 'dropout_rate', dropout_rate)
+  num_kv_heads = check_count(OWNER, 'num_kv_heads',
+                             num_heads if num_kv_heads is None else num_kv_heads)
+  if num_heads % num_kv_heads:
+    raise ValueError(f'num_kv_heads={num_kv_heads} must be >= 1 and divide '
+                     f'num_heads={num_heads}.')
+  if sliding_window is not None and (not isinstance(sliding_window, int)
+                                     or isinstance(sliding_window, bool)
+                                     or sliding_window < 1):
+    raise ValueError(f'sliding_window={sliding_window!r}: use an integer >= 1 or None.')
+  check_options(implementation, chunked_strategy, chunk_size)
+  for name, value in (('use_bias', use_bias), ('broadcast_dropout', broadcast_dropout),
+                      ('decode', decode), ('sinks', sinks)):
+    check_flag(OWNER, name, value)
+  if deterministic is not None:
+    check_flag(OWNER, 'deterministic', deterministic)
+  if scalable_softmax is not None:
+    check_positive(OWNER, 'scalable_softmax (the initial s)', scalable_softmax)
+  norm = as_normalization(normalization)
+  if norm is not None and not causal:
+    raise ValueError(f'normalization={normalization!r} (stick-breaking) reads the keys '
+                     'before each query: it needs causal=True.')
+  check_soft_cap(logit_soft_cap)
+  if norm is not None and (logit_soft_cap is not None or sinks):
+    raise ValueError(f'logit_soft_cap={logit_soft_cap!r}, sinks={sinks!r}: both act on a '
+                     f'softmax, not on normalization={normalization!r} (stick-breaking).')
+  check_rngs(OWNER, rngs)
+  check_encoding_argument(OWNER, encoding)
+  return types.SimpleNamespace(d_model=d_model, num_heads=num_heads,
+                               num_kv_heads=num_kv_heads, dtype=dtype,
+                               param_dtype=param_dtype, causal=causal, normalization=norm)
+
+
+def check_constructor(owner: str, *, rngs, counts=(), optional_counts=(), flags=(),
+                      optional_flags=(), rate=None, encoding=None,
+                      encoding_options=None) -> None:
+  """A model constructor's arguments checked before any parameter is made:
+  `counts` (name, value) pairs must be integers >= 1 (`optional_counts`:
+  or None), `flags` bools (`optional_flags`: or None), `rate` a (name,
+  value) dropout rate in [0, 1), `encoding` a registry name if a string,
+  `encoding_options` None or a dict, `rngs` an `nnx.Rngs`."""
+  check_encoding_argument(owner, encoding)
+  for name, value in counts:
+    check_count(owner, name, value)
+  for name, value in optional_counts:
+    if value is not None:
+      check_count(owner, name, value)
+  for name, value in flags:
+    check_flag(owner, name, value)
+  for name, value in optional_flags:
+    if value is not None:
+      check_flag(owner, name, value)
+  if rate is not None:
+    check_rate(owner, *rate)
+  if encoding_options is not None and not isinstance(encoding_options, dict):
+    raise TypeError(f'{owner}: encoding_options={encoding_options!r} must be a dict of the '
+                    'encoding\'s keyword options (e.g. {"base": 500.0}) or None.')
+  check_rngs(owner, rngs)

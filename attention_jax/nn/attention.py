@@ -43,20 +43,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from attention_jax.attention import check_options
 from attention_jax.attention import scaled_dot_product_attention
 from attention_jax.attention.heads import as_rank4
 from attention_jax.attention.heads import repeat_kv_heads
 from attention_jax.attention.normalization import Normalization
-from attention_jax.attention.normalization import as_normalization
 from attention_jax.attention.scalable import scalable_softmax_queries
 from attention_jax.attention.scalable import visible_keys
 from attention_jax.attention.segments import check_segment_ids
-from attention_jax.attention.soft_cap import check_soft_cap
-from attention_jax.nn.arguments import CAUSAL
-from attention_jax.nn.arguments import ORDER
 from attention_jax.nn.arguments import call_inputs
-from attention_jax.nn.arguments import model_width
+from attention_jax.nn.arguments import checked_arguments
 from attention_jax.nn.arguments import resolve_deterministic
 from attention_jax.nn.cache import CACHE_NAMES
 from attention_jax.nn.cache import KVCache
@@ -74,7 +69,6 @@ from attention_jax.positional.parameters import HEADS
 from attention_jax.positional.parameters import KV
 from attention_jax.positional.parameters import KV_HEADS as KV_HEAD_AXIS
 from attention_jax.positional.parameters import annotation
-from attention_jax.positional.parameters import check_dtypes
 from attention_jax.positional.parameters import param
 
 
@@ -198,40 +192,19 @@ class MultiHeadAttention(KVCache, nnx.Module):
                normalization: Normalization = 'softmax',
                logit_soft_cap: Optional[float] = None, sinks: bool = False,
                rngs: nnx.Rngs):
-    if causal is None:
-      raise ValueError(CAUSAL)
-    dtype, param_dtype = check_dtypes('MultiHeadAttention', dtype, param_dtype)
-    d_model = model_width(d_model, in_features)
-    if num_heads is None:
-      raise ValueError(f'MultiHeadAttention needs num_heads; {ORDER}.')
-    if num_heads < 1 or d_model % num_heads:
-      raise ValueError(
-          f'num_heads={num_heads} must be >= 1 and divide d_model={d_model}; {ORDER}.')
-    if qkv_features is not None and qkv_features != d_model:
-      raise ValueError(f'qkv_features={qkv_features}: this module keeps queries, keys and '
-                       f'values at the width d_model={d_model} (head_dim = d_model // '
-                       'num_heads, which the encodings read); leave qkv_features unset.')
-    if not 0.0 <= dropout_rate < 1.0:
-      raise ValueError(f'dropout_rate={dropout_rate!r} must be in [0, 1).')
-    num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-    if num_kv_heads < 1 or num_heads % num_kv_heads:
-      raise ValueError(f'num_kv_heads={num_kv_heads} must be >= 1 and divide '
-                       f'num_heads={num_heads}.')
-    if sliding_window is not None and (not isinstance(sliding_window, int)
-                                       or sliding_window < 1):
-      raise ValueError(f'sliding_window={sliding_window!r}: use an integer >= 1 or None.')
-    check_options(implementation, chunked_strategy, chunk_size)
-    self.normalization = as_normalization(normalization)
-    if self.normalization is not None and not causal:
-      raise ValueError(f'normalization={normalization!r} (stick-breaking) reads the keys '
-                       'before each query: it needs causal=True.')
-    check_soft_cap(logit_soft_cap)
-    if not isinstance(sinks, bool):
-      raise TypeError(f'sinks={sinks!r}: use True (one learned sink logit per head) or '
-                      'False.')
-    if self.normalization is not None and (logit_soft_cap is not None or sinks):
-      raise ValueError(f'logit_soft_cap={logit_soft_cap!r}, sinks={sinks!r}: both act on a '
-                       f'softmax, not on normalization={normalization!r} (stick-breaking).')
+    a = checked_arguments(
+        d_model=d_model, num_heads=num_heads, in_features=in_features,
+        qkv_features=qkv_features, out_features=out_features, in_kv_features=in_kv_features,
+        encoding=encoding, causal=causal, num_kv_heads=num_kv_heads, sliding_window=sliding_window,
+        max_positions=max_positions, use_bias=use_bias, dtype=dtype, param_dtype=param_dtype,
+        dropout_rate=dropout_rate, deterministic=deterministic,
+        broadcast_dropout=broadcast_dropout, decode=decode, implementation=implementation,
+        chunk_size=chunk_size, chunked_strategy=chunked_strategy,
+        scalable_softmax=scalable_softmax, normalization=normalization,
+        logit_soft_cap=logit_soft_cap, sinks=sinks, rngs=rngs)
+    d_model, num_heads, num_kv_heads = a.d_model, a.num_heads, a.num_kv_heads
+    dtype, param_dtype, causal = a.dtype, a.param_dtype, a.causal
+    self.normalization = a.normalization
     self.logit_soft_cap = None if logit_soft_cap is None else float(logit_soft_cap)
     self.implementation, self.chunk_size = implementation, chunk_size
     self.chunked_strategy, self.causal = chunked_strategy, bool(causal)
@@ -259,9 +232,6 @@ class MultiHeadAttention(KVCache, nnx.Module):
         encoding, d_model=d_model, num_heads=num_heads, max_positions=max_positions,
         causal=self.causal, rngs=rngs, owner='MultiHeadAttention', options=encoding_options,
         dtype=dtype, param_dtype=param_dtype)
-    if scalable_softmax is not None and not scalable_softmax > 0:
-      raise ValueError(f'scalable_softmax={scalable_softmax!r}: the initial s must be > 0 '
-                       '(or None for plain softmax).')
     self.ssmax_scale = (None if scalable_softmax is None else
                         param(jnp.full((num_heads,), scalable_softmax), (HEADS,), param_dtype))
     self.dropout_rate, self.deterministic = float(dropout_rate), deterministic

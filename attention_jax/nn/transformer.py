@@ -55,6 +55,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from attention_jax.nn.arguments import check_constructor
 from attention_jax.attention.normalization import Normalization
 from attention_jax.attention.segments import check_segment_ids
 from attention_jax.attention.segments import padding_ids
@@ -201,6 +202,16 @@ class TransformerLM(nnx.Module):
                abacus: Optional[dict] = None, logit_soft_cap: Optional[float] = None,
                sinks: bool = False, dtype=None, param_dtype=jnp.float32,
                rngs: nnx.Rngs):
+    check_constructor('TransformerLM', rngs=rngs, counts=(
+        ('vocab_size', vocab_size), ('d_model', d_model), ('num_heads', num_heads),
+        ('num_layers', num_layers), ('mlp_dim', mlp_dim)), optional_counts=(
+            ('max_positions', max_positions), ('num_kv_heads', num_kv_heads),
+            ('sliding_window', sliding_window)),
+                      flags=(('sinks', sinks),),
+                      optional_flags=(('encoding_per_layer', encoding_per_layer),
+                                      ('deterministic', deterministic)),
+                      rate=('dropout_rate', dropout_rate), encoding=encoding,
+                      encoding_options=encoding_options)
     dtype, param_dtype = check_dtypes('TransformerLM', dtype, param_dtype)
     precision = dict(dtype=dtype, param_dtype=param_dtype)
     self.vocab_size, self.dtype, self.param_dtype = vocab_size, dtype, param_dtype
