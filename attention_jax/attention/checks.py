@@ -122,8 +122,8 @@ def as_bool_mask(name: str, mask):
   return jnp.asarray(values != 0)
 
 
-_KINDS = {'floating': (jnp.floating, 'floating'), 'integer': (jnp.integer, 'integer'),
-          'bool': (jnp.bool_, 'boolean')}
+_KINDS = {'floating': (jnp.floating, 'a floating'), 'integer': (jnp.integer, 'an integer'),
+          'bool': (jnp.bool_, 'a boolean')}
 
 
 def check_array(name: str, x, *, ndim=None, kind: Optional[str] = None):
@@ -139,6 +139,8 @@ def check_array(name: str, x, *, ndim=None, kind: Optional[str] = None):
       raise TypeError(f'{name} must be an array, got {x!r:.60}: {e}') from None
   if not (hasattr(x, 'shape') and hasattr(x, 'dtype')):
     raise TypeError(f'{name} must be an array, got {type(x).__name__} {x!r:.60}.')
+  if isinstance(x, np.ndarray):
+    x = jnp.asarray(x)
   if not (jnp.issubdtype(x.dtype, jnp.number) or x.dtype == jnp.bool_):
     raise TypeError(f'{name} must be a numeric array, got dtype {x.dtype}.')
   ranks = (ndim,) if isinstance(ndim, int) else ndim
@@ -148,7 +150,7 @@ def check_array(name: str, x, *, ndim=None, kind: Optional[str] = None):
   if kind is not None:
     base, said = _KINDS[kind]
     if not jnp.issubdtype(x.dtype, base):
-      raise TypeError(f'{name} must be a {said} array, got {x.dtype}.')
+      raise TypeError(f'{name} must be {said} array, got {x.dtype}.')
   return x
 
 

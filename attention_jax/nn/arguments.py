@@ -6,14 +6,20 @@ the call's inputs (`x`/`context` or `inputs_q`/`inputs_k`/`inputs_v`,
 
 import types
 
+import numpy as np
 from flax import nnx
 
+from attention_jax.attention.checks import as_bool_mask
+from attention_jax.attention.checks import check_array
 from attention_jax.attention.checks import check_count
 from attention_jax.attention.checks import check_flag
 from attention_jax.attention.checks import check_positive
 from attention_jax.attention.checks import check_rate
 from attention_jax.attention.dispatch import check_options
+from attention_jax.attention.heads import as_rank4
+from attention_jax.attention.heads import check_broadcast
 from attention_jax.attention.normalization import as_normalization
+from attention_jax.attention.segments import check_segment_ids
 from attention_jax.attention.soft_cap import check_soft_cap
 from attention_jax.positional.parameters import check_dtypes
 from attention_jax.positional.base import PositionalEncoding
@@ -65,6 +71,65 @@ def call_inputs(x, context, inputs_q, inputs_k, inputs_v, is_causal, causal: boo
                      'set at construction (it also picks the encoding\'s bias); build it with '
                      f'causal={bool(is_causal)}.')
   return x, None if context is x else context
+
+
+def check_call(module, decoding: bool, mask, distances, segment_ids, context_segment_ids):
+  """What a call of `module` (a `MultiHeadAttention`) may combine, full pass or
+  decoding -> its mask as booleans (Flax's float 0/1 masks converted,
+  `checks.as_bool_mask`)."""
+  if distances is not None and (decoding or not module.positional.reads_distances):
+    raise ValueError(f'distances= is read in a full pass by encodings with reads_distances '
+                     f'(alibi, relative), not {type(module.positional).__name__} (decode='
+                     f'{decoding}).')
+  if decoding and (segment_ids is not None or context_segment_ids is not None):
+    raise ValueError('segment_ids= is served in a full pass only: a key/value cache holds '
+                     'one document per row (decode each document in a row of its own).')
+  return as_bool_mask('mask', None if mask is None else check_array('mask', mask))
+
+
+def check_full_pass(module, x, context, mask, kv_lengths, segment_ids, context_segment_ids,
+                    deterministic):
+  """A full pass of `module` (a `MultiHeadAttention`) over x `[B, T_q, d_model]`
+  and context `[B, T_k, in_kv_features]` (x itself for self-attention):
+  shapes, mask `[T_q, T_k]` or `[B|1, H|1, T_q, T_k]`, segment ids and
+  dropout checked before any projection -> (q ids, kv ids, dropping)."""
+  for name, a, width in (('x', x, module.d_model), ('context', context,
+                                                    module.in_kv_features)):
+    if a.ndim != 3 or a.shape[-1] != width:
+      raise ValueError(f'{name} must be [batch, length, {width}], got {a.shape}.')
+  if module.causal and x.shape[1] != context.shape[1]:
+    raise ValueError(f'this MultiHeadAttention is causal (causal=True), which needs as '
+                     f'many queries as keys, got {x.shape[1]} and {context.shape[1]}; '
+                     'build cross-attention with causal=False.')
+  if mask is not None:
+    check_broadcast('mask', as_rank4('mask', mask),
+                    (x.shape[0], module.num_heads, x.shape[1], context.shape[1]))
+  segments = check_segment_ids(segment_ids, context_segment_ids, x.shape[0], x.shape[1],
+                               context.shape[1], names=('segment_ids', 'context_segment_ids'))
+  if segments is not None and module.ssmax_scale is not None:
+    raise ValueError('segment_ids= with scalable_softmax: its log n counts the keys a '
+                     'query sees by index, across documents; packed rows are not '
+                     'served with it.')
+  dropping = not resolve_deterministic(module.dropout_rate, deterministic,
+                                       module.deterministic)
+  if dropping and module.implementation not in ('auto', 'dense'):
+    raise ValueError(
+        f'dropout_rate={module.dropout_rate} drops attention weights, which only the dense '
+        f'kernel forms, but implementation={module.implementation!r}: use \'auto\' or '
+        '\'dense\', or call with deterministic=True.')
+  q_ids, kv_ids = (None, None) if segments is None else segments
+  return q_ids, kv_ids, dropping
+
+
+def default_positions(x, context, positions, context_positions):
+  """The call's defaults: queries at 0 … T_q-1; keys at the queries'
+  positions for self-attention (`context` is `x`), else 0 … T_k-1."""
+  if positions is None:
+    positions = np.arange(x.shape[1], dtype=np.int32)
+  if context_positions is None:
+    context_positions = (positions if context is x
+                         else np.arange(context.shape[1], dtype=np.int32))
+  return positions, context_positions
 
 
 def resolve_deterministic(rate: float, *flags) -> bool:

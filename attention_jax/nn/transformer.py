@@ -56,12 +56,12 @@ import numpy as np
 from flax import nnx
 
 from attention_jax.nn.arguments import check_constructor
+from attention_jax.nn.arguments import resolve_deterministic
 from attention_jax.attention.normalization import Normalization
 from attention_jax.attention.segments import check_segment_ids
 from attention_jax.attention.segments import padding_ids
 from attention_jax.attention.segments import segment_positions
 from attention_jax.nn.attention import MultiHeadAttention
-from attention_jax.nn.attention import resolve_deterministic
 from attention_jax.nn.cache import guard_slots
 from attention_jax.nn.cache import is_static
 from attention_jax.nn.cache import poison

@@ -123,7 +123,7 @@ def parse_encoding_spec(spec: str) -> tuple[str, bool]:
     hint = (did_you_mean(name, ENCODINGS) if name not in ENCODINGS
             else did_you_mean(modifier, MODIFIERS))
     raise ValueError(
-        f'bad encoding spec={spec!r}: expected NAME or NAME:MODIFIER ({"|".join(MODIFIERS)}) with NAME one of '
+        f'bad encoding {spec!r}: the spec must be NAME or NAME:MODIFIER ({"|".join(MODIFIERS)}) with NAME one of '
         f'{sorted(ENCODINGS)}.{hint}')
   return name, modifier == 'randomized'
 
@@ -139,8 +139,8 @@ def check_encoding_name(name) -> None:
     base, _, modifier = name.partition(':')
     if modifier:
       raise ValueError(
-          f'positional encoding name={name!r}: ":{modifier}" is a modifier of a sweep spec (one '
-          f'of {"|".join(MODIFIERS)}), not part of the encoding; build {base!r} and pass the '
+          f'positional encoding {name!r}: ":{modifier}" is a modifier of a sweep spec (one '
+          f'of {"|".join(MODIFIERS)}), not part of the encoding name; build {base!r} and pass the '
           'positions to the model call instead (":coupled": '
           'positional.coupled_position_ids, ":randomized": positional.random_positions); '
           'parse_encoding_spec splits a spec.' + (
@@ -148,7 +148,7 @@ def check_encoding_name(name) -> None:
               '' if base in ENCODINGS else f' {base!r} is not one of {sorted(ENCODINGS)}.'
               + did_you_mean(base, ENCODINGS)))
     raise ValueError(
-        f'unknown positional encoding name={name!r}; choose one of {sorted(ENCODINGS)}.'
+        f'unknown positional encoding {name!r}: the name must be one of {sorted(ENCODINGS)}.'
         + did_you_mean(name, ENCODINGS))
 
 
@@ -195,8 +195,9 @@ def make_encoding(
   unknown = [o for o in options if o not in own]
   if unknown and own:
     raise ValueError(
-        f'positional encoding {name!r} has no option {unknown[0]!r} (encoding_options= or '
-        f'make_encoding\'s keywords); its options are {sorted(own)}.'
+        f'positional encoding {name!r} got an unknown option among {sorted(options)} '
+        f'(encoding_options= or make_encoding\'s keywords): {unknown[0]!r} is not one of '
+        f'its options {sorted(own)}.'
         + did_you_mean(unknown[0], own))
   dtype, param_dtype = check_dtypes(f'positional encoding {name!r}', dtype, param_dtype)
   try:
