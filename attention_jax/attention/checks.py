@@ -1,5 +1,5 @@
 """Early checks of argument values shared by the public functions and
-modules: counts, flags, positive reals, key lengths and masks. Each refusal
+modules: counts, flags, rates, arrays, key lengths and masks. Each refusal
 is a `ValueError` (a bad value) or `TypeError` (a value of the wrong kind)
 naming the argument, the value and what is allowed, raised before any JAX
 work so that no deep JAX error (a ZeroDivisionError, a broadcasting
@@ -28,8 +28,10 @@ def check_count(owner: Optional[str], name: str, value, *, minimum: int = 1) -> 
   a float (4.0 is refused, not truncated: a float count is usually a
   mistake upstream)."""
   if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-    raise TypeError(f'{_label(owner)}{name}={value!r} must be an integer >= {minimum}, '
-                    f'got {type(value).__name__}.')
+    # A ValueError, as the library's other counts (a float count is a bad
+    # value more than a wrong type).
+    raise ValueError(f'{_label(owner)}{name}={value!r} must be an integer >= {minimum}, '
+                     f'got {type(value).__name__}.')
   if value < minimum:
     raise ValueError(f'{_label(owner)}{name}={value!r} must be an integer >= {minimum}.')
   return int(value)
@@ -42,16 +44,6 @@ def check_flag(owner: Optional[str], name: str, value) -> bool:
     raise TypeError(f'{_label(owner)}{name}={value!r} must be True or False, got '
                     f'{type(value).__name__}.')
   return bool(value)
-
-
-def check_positive(owner: Optional[str], name: str, value) -> float:
-  """`value` as a finite float > 0 (a real number, not a bool nor a string)."""
-  if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-    raise TypeError(f'{_label(owner)}{name}={value!r} must be a finite number > 0, got '
-                    f'{type(value).__name__}.')
-  if not (math.isfinite(value) and value > 0):
-    raise ValueError(f'{_label(owner)}{name}={value!r} must be a finite number > 0.')
-  return float(value)
 
 
 def check_rate(owner: Optional[str], name: str, value) -> float:
@@ -182,6 +174,6 @@ def check_qkv(q, k, v, name: str = 'attention'):
     raise ValueError(f'incompatible shapes: v {v.shape} and k {k.shape} need the same '
                      f'length and heads; {need}.')
   if k.shape[2] < 1 or q.shape[2] % k.shape[2]:
-    raise ValueError(f'incompatible shapes: k and v have {k.shape[2]} heads, which must divide '
-                     f'the {q.shape[2]} heads of q; {need}.')
+    raise ValueError(f'incompatible shapes: key/value heads ({k.shape[2]}) must divide the '
+                     f'{q.shape[2]} query heads of q; {need}.')
   return q, k, v

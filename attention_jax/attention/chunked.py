@@ -198,10 +198,6 @@ def chunked_attention(
   heads_per_step = (_DEFAULTS[strategy]['heads_per_step'] if heads_per_step is None
                     else heads_per_step)
   k, v = repeat_kv_heads(k, v, h, q.shape)  # gradients sum back over each group
-  if q_chunk < 1 or k_chunk < 1:
-    raise ValueError(f'chunk sizes must be >= 1, got q_chunk={q_chunk}, k_chunk={k_chunk}.')
-  if heads_per_step < 1:
-    raise ValueError(f'heads_per_step must be >= 1, got {heads_per_step}.')
   if alibi_slopes is not None:
     alibi_slopes = check_array('alibi_slopes', alibi_slopes, kind='floating')
     check_finite('alibi_slopes', alibi_slopes)

@@ -4,6 +4,8 @@ the constructor's (`checked_arguments`: the width, `d_model` or
 the call's inputs (`x`/`context` or `inputs_q`/`inputs_k`/`inputs_v`,
 `is_causal`) and dropout's `deterministic` flags (Flax's precedence)."""
 
+import math
+import numbers
 import types
 
 import numpy as np
@@ -13,7 +15,6 @@ from attention_jax.attention.checks import as_bool_mask
 from attention_jax.attention.checks import check_array
 from attention_jax.attention.checks import check_count
 from attention_jax.attention.checks import check_flag
-from attention_jax.attention.checks import check_positive
 from attention_jax.attention.checks import check_rate
 from attention_jax.attention.dispatch import check_options
 from attention_jax.attention.heads import as_rank4
@@ -203,13 +204,19 @@ def checked_arguments(*, d_model, num_heads, in_features, qkv_features, out_feat
                                      or sliding_window < 1):
     raise ValueError(f'sliding_window={sliding_window!r}: use an integer >= 1 or None.')
   check_options(implementation, chunked_strategy, chunk_size)
+  if not isinstance(sinks, bool):
+    raise TypeError(f'sinks={sinks!r}: use True (one learned sink logit per head) or '
+                    'False.')
   for name, value in (('use_bias', use_bias), ('broadcast_dropout', broadcast_dropout),
-                      ('decode', decode), ('sinks', sinks)):
+                      ('decode', decode)):
     check_flag(OWNER, name, value)
   if deterministic is not None:
     check_flag(OWNER, 'deterministic', deterministic)
-  if scalable_softmax is not None:
-    check_positive(OWNER, 'scalable_softmax (the initial s)', scalable_softmax)
+  if scalable_softmax is not None and (
+      isinstance(scalable_softmax, bool) or not isinstance(scalable_softmax, numbers.Real)
+      or not math.isfinite(scalable_softmax) or not scalable_softmax > 0):
+    raise ValueError(f'scalable_softmax={scalable_softmax!r}: the initial s must be > 0 '
+                     '(or None for plain softmax).')
   norm = as_normalization(normalization)
   if norm is not None and not causal:
     raise ValueError(f'normalization={normalization!r} (stick-breaking) reads the keys '

@@ -180,11 +180,11 @@ def make_encoding(
     **options: encoding-specific keywords, e.g. `base=` for 'rope'.
   """
   check_encoding_name(name)
-  check_count(f'positional encoding {name!r}', 'd_model', d_model)
-  check_count(f'positional encoding {name!r}', 'num_heads', num_heads)
+  check_count(name, 'd_model', d_model)
+  check_count(name, 'num_heads', num_heads)
   if max_positions is not None:
-    check_count(f'positional encoding {name!r}', 'max_positions', max_positions)
-  check_flag(f'positional encoding {name!r}', 'causal', causal)
+    check_count(name, 'max_positions', max_positions)
+  check_flag(name, 'causal', causal)
   if d_model % num_heads:
     raise ValueError(
         f'num_heads={num_heads} does not divide d_model={d_model}.')
