@@ -324,7 +324,9 @@ def scaled_dot_product_attention(
   Args:
     q, k, v: `[B, T_q, H, D]`, `[B, T_k, H_kv, D]`, `[B, T_k, H_kv, D_v]`.
     mask: boolean `[T_q, T_k]` or `[B|1, H|1, T_q, T_k]`, True = attend
-      (rank 3 is ambiguous and refused).
+      (rank 3 is ambiguous and refused); a concrete float mask of exact 0s
+      and 1s (Flax's `nnx.make_attention_mask`) is converted, other floats
+      and a traced float mask are refused (`checks.as_bool_mask`).
     bias: additive, `[T_q, T_k]` or `[B|1, H|1, T_q, T_k]`.
     score_bias: an encoding's contribution (`scores.py`): `NoBias()` (or
       None), one spec (`LinearBias(slopes)`, `DifferenceBias(q_values,
@@ -332,7 +334,9 @@ def scaled_dot_product_attention(
       `DenseBias(bias)` or a `ScoreSpec` kind of your own) or a tuple of
       them; added to `bias`.
     causal: query i attends to keys j <= i (needs T_q == T_k).
-    kv_lengths: int `[B]`: keys at index >= kv_lengths[b] are padding.
+    kv_lengths: int `[B]`, each in [0, T_k]: keys at index >= kv_lengths[b]
+      are padding. Refused outside the range when concrete; under `jit` a
+      negative length masks every key of its row, one above T_k none.
     window: query i attends to keys with |i - j| < window.
     normalization: 'softmax', 'stick_breaking' or a `StickBreaking`
       (`normalization.py`); stick-breaking needs `causal=True` or `q_slots`.
@@ -363,6 +367,14 @@ def scaled_dot_product_attention(
   Returns:
     out `[B, T_q, H, D_v]` in the dtype of v, or `(out, weights)` with
     `return_weights`.
+
+  Keys masked by `kv_lengths`, `causal` or `window` have no influence on any
+  kernel, even with NaN or ±inf values: every other output and every
+  gradient is as with finite values there; feature d of query i is NaN where
+  a key it sees by that structure has a non-finite v[d]
+  (`masked_values.py`). A key masked only by `mask` or `segment_ids` has no
+  such guarantee: a non-finite value there turns NaN the outputs of the
+  queries whose structural range holds it (0 · NaN).
   """
   check_options(implementation, chunked_strategy, chunk_size, window)
   q, k, v = check_qkv(q, k, v, 'scaled_dot_product_attention')

@@ -77,7 +77,9 @@ def padding_mask(lengths: jnp.ndarray, max_length: int) -> jnp.ndarray:
 
 
 def combine_masks(*masks: Optional[jnp.ndarray]) -> Optional[jnp.ndarray]:
-  """Logical AND of the given masks (None entries skipped), broadcast together."""
+  """Logical AND of the given masks (None entries skipped), broadcast together:
+  boolean, or concrete float 0/1 (Flax's, converted); shapes that do not
+  broadcast are refused."""
   masks = [as_bool_mask('masks', check_array('masks', m)) for m in masks if m is not None]
   if not masks:
     return None
