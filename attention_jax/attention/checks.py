@@ -70,22 +70,26 @@ def check_lengths(name: str, lengths, batch: int, max_length: int):
   none."""
   if lengths is None:
     return None
-  if isinstance(lengths, (str, bytes)) or not hasattr(lengths, 'shape') and not isinstance(
-      lengths, (list, tuple, numbers.Integral)):
+  if not (hasattr(lengths, 'shape') or isinstance(lengths, (list, tuple))):
     raise TypeError(f'{name} must be an integer array [batch], got {type(lengths).__name__}.')
   if is_concrete(lengths):
     array = np.asarray(lengths)
-    if not (np.issubdtype(array.dtype, np.integer) and array.shape == (batch,)):
-      raise TypeError(f'{name} must be an integer array [batch={batch}], got '
-                      f'{array.dtype}{list(array.shape)}.')
+    _check_lengths_array(name, array, batch)
     if array.size and (array.min() < 0 or array.max() > max_length):
       raise ValueError(f'{name}={array.tolist()} must lie in [0, {max_length}] (the number '
                        'of keys).')
     return jnp.asarray(lengths)
-  if not (jnp.issubdtype(lengths.dtype, jnp.integer) and lengths.shape == (batch,)):
+  _check_lengths_array(name, lengths, batch)
+  return lengths
+
+
+def _check_lengths_array(name, lengths, batch):
+  if not jnp.issubdtype(lengths.dtype, jnp.integer):
     raise TypeError(f'{name} must be an integer array [batch={batch}], got '
                     f'{lengths.dtype}{list(lengths.shape)}.')
-  return lengths
+  if tuple(lengths.shape) != (batch,):
+    raise ValueError(f'{name} must be an integer array [batch={batch}], got shape '
+                     f'{tuple(lengths.shape)}.')
 
 
 def as_bool_mask(name: str, mask):

@@ -22,8 +22,8 @@ from attention_jax.attention.heads import check_broadcast
 from attention_jax.attention.normalization import as_normalization
 from attention_jax.attention.segments import check_segment_ids
 from attention_jax.attention.soft_cap import check_soft_cap
-from attention_jax.positional.parameters import check_dtypes
 from attention_jax.positional.base import PositionalEncoding
+from attention_jax.positional.parameters import check_dtypes
 from attention_jax.positional.registry import check_encoding_name
 
 OWNER = 'MultiHeadAttention'
@@ -165,8 +165,8 @@ def check_rngs(owner: str, rngs) -> None:
 
 
 def checked_arguments(*, d_model, num_heads, in_features, qkv_features, out_features,
-                      in_kv_features, encoding, causal, num_kv_heads, sliding_window, max_positions,
-                      use_bias, dtype, param_dtype, dropout_rate, deterministic,
+                      in_kv_features, encoding, causal, num_kv_heads, sliding_window,
+                      max_positions, use_bias, dtype, param_dtype, dropout_rate, deterministic,
                       broadcast_dropout, decode, implementation, chunk_size,
                       chunked_strategy, scalable_softmax, normalization, logit_soft_cap,
                       sinks, rngs) -> types.SimpleNamespace:

@@ -123,8 +123,8 @@ def parse_encoding_spec(spec: str) -> tuple[str, bool]:
     hint = (did_you_mean(name, ENCODINGS) if name not in ENCODINGS
             else did_you_mean(modifier, MODIFIERS))
     raise ValueError(
-        f'bad encoding {spec!r}: the spec must be NAME or NAME:MODIFIER ({"|".join(MODIFIERS)}) with NAME one of '
-        f'{sorted(ENCODINGS)}.{hint}')
+        f'bad encoding {spec!r}: the spec must be NAME or NAME:MODIFIER '
+        f'({"|".join(MODIFIERS)}) with NAME one of {sorted(ENCODINGS)}.{hint}')
   return name, modifier == 'randomized'
 
 
