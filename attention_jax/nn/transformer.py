@@ -270,9 +270,10 @@ class TransformerLM(nnx.Module):
     `abacus_offset` int or `[B]`: the Abacus training offset k (default 0).
 
     Token ids outside 0 … vocab_size-1 are a ValueError when known (outside
-    jit); traced ones are not checked: `nnx.Embed`'s `jnp.take` fills their
-    embeddings with NaN, so every logit of that row is NaN (a masked NaN key
-    still reaches earlier queries, 0 · NaN = NaN); other rows are unaffected.
+    jit); traced ones are not checked: every embedding of a row holding one
+    is NaN (`nnx.Embed`'s `jnp.take` fills that token's alone, and masked
+    keys no longer reach earlier queries), so every logit of that row is
+    NaN; other rows are unaffected.
 
     Returns logits float32 `[B, T, vocab_size]` (whatever `dtype`), and with
     `return_weights` also the list of per-layer attention weights `[B, H, T, T]`.
@@ -283,7 +284,10 @@ class TransformerLM(nnx.Module):
     if positions is None:
       positions = (np.arange(t, dtype=np.int32) if segment_ids is None
                    else segment_positions(segment_ids))
-    x = self.positional.add_to_embeddings(self.embed(tokens), positions)
+    x = self.embed(tokens)
+    outside = jnp.any((tokens < 0) | (tokens >= self.vocab_size), axis=1)
+    x = jnp.where(outside[:, None, None], jnp.asarray(jnp.nan, x.dtype), x)
+    x = self.positional.add_to_embeddings(x, positions)
     if self.abacus is not None:
       x = self.abacus(x, self.abacus.ids(tokens, abacus_offset))
     elif abacus_offset is not None:
