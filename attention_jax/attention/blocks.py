@@ -62,10 +62,12 @@ def normalise(m, l, acc):
   """Output and row log-sum-exp from the row max `m`, normaliser `l` `[G, qc]`
   and unnormalised output `acc` `[G, qc, Dv]`. A row with no key to attend
   (l == 0) gets a zero output and lse = +inf, so that the backward's
-  exp(s - lse) is 0 there: zero gradients, no NaN."""
-  safe_l = jnp.where(l > 0, l, 1.0)
-  out = jnp.where((l > 0)[..., None], acc / safe_l[..., None], 0.0)
-  lse = jnp.where(l > 0, m + jnp.log(safe_l), jnp.inf)
+  exp(s - lse) is 0 there: zero gradients, no NaN. A NaN normaliser (a NaN
+  score) is not such a row: it stays NaN, as the dense kernel's would."""
+  empty = l == 0
+  safe_l = jnp.where(empty, 1.0, l)
+  out = jnp.where(empty[..., None], 0.0, acc / safe_l[..., None])
+  lse = jnp.where(empty, jnp.inf, m + jnp.log(safe_l))
   return out, lse
 
 

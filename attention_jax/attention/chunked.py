@@ -51,6 +51,12 @@ from attention_jax.attention import blockwise_scan
 from attention_jax.attention import blockwise_unrolled
 from attention_jax.attention.blockwise_stick_breaking import chunked_stick_breaking
 from attention_jax.attention.blocks import difference_rows
+from attention_jax.attention.checks import check_array
+from attention_jax.attention.checks import check_count
+from attention_jax.attention.checks import check_finite
+from attention_jax.attention.checks import check_flag
+from attention_jax.attention.checks import check_lengths
+from attention_jax.attention.checks import check_qkv
 from attention_jax.attention.blocks import pad_to
 from attention_jax.attention.heads import repeat_kv_heads
 from attention_jax.attention.scores import DifferenceBias
@@ -177,14 +183,14 @@ def chunked_attention(
     out `[B, T_q, H, D_v]` in the dtype of `v`. Attention weights are never
     formed; ask the dense path for them.
   """
-  if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-    raise ValueError('chunked_attention takes [batch, length, heads, head_dim] arrays; '
-                     f'got q {q.shape}, k {k.shape}, v {v.shape}.')
+  q, k, v = check_qkv(q, k, v, 'chunked_attention')
   (b, t_q, h, d), t_k = q.shape, k.shape[1]
-  if k.shape[:2] != (b, t_k) or k.shape[3] != d or v.shape[:2] != (b, t_k):
-    raise ValueError(f'incompatible shapes: q {q.shape}, k {k.shape}, v {v.shape}.')
-  if window is not None and (not isinstance(window, int) or window < 1):
-    raise ValueError(f'window must be an integer >= 1 or None, got {window!r}.')
+  causal = check_flag('chunked_attention', 'causal', causal)
+  for name, value in (('window', window), ('q_chunk', q_chunk), ('k_chunk', k_chunk),
+                      ('heads_per_step', heads_per_step)):
+    if value is not None:
+      check_count('chunked_attention', name, value)
+  kv_lengths = check_lengths('kv_lengths', kv_lengths, b, t_k)
   if segment_ids is not None:
     segment_ids = check_segment_ids(*segment_ids, b, t_q, t_k)
   strategy = choose_strategy(strategy, t_q, t_k)
@@ -192,16 +198,15 @@ def chunked_attention(
   heads_per_step = (_DEFAULTS[strategy]['heads_per_step'] if heads_per_step is None
                     else heads_per_step)
   k, v = repeat_kv_heads(k, v, h, q.shape)  # gradients sum back over each group
-  if q_chunk < 1 or k_chunk < 1:
-    raise ValueError(f'chunk sizes must be >= 1, got q_chunk={q_chunk}, k_chunk={k_chunk}.')
-  if heads_per_step < 1:
-    raise ValueError(f'heads_per_step must be >= 1, got {heads_per_step}.')
   if alibi_slopes is not None:
-    alibi_slopes = jnp.asarray(alibi_slopes, jnp.float32)
+    alibi_slopes = check_array('alibi_slopes', alibi_slopes, kind='floating')
+    check_finite('alibi_slopes', alibi_slopes)
+    alibi_slopes = alibi_slopes.astype(jnp.float32)
     if alibi_slopes.shape != (h,):
       raise ValueError(f'alibi_slopes must have shape ({h},), got {alibi_slopes.shape}.')
   check_soft_cap(logit_soft_cap)
   sinks = check_sinks(sinks, h)
+  check_finite('sinks', sinks)
   q_chunk, k_chunk = min(q_chunk, t_q), min(k_chunk, t_k)
   kv_lengths = (jnp.full((b,), t_k, jnp.int32) if kv_lengths is None
                 else jnp.asarray(kv_lengths, jnp.int32))

@@ -18,6 +18,9 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from attention_jax.attention.checks import as_bool_mask
+from attention_jax.attention.checks import check_array
+from attention_jax.attention.checks import check_qkv
 from attention_jax.attention.heads import check_broadcast
 from attention_jax.attention.heads import map_heads
 from attention_jax.attention.masks import combine_masks
@@ -87,6 +90,7 @@ def dot_product_attention(
     `[T_q, T_k]` in float32, each row summing to 1 over attended keys (less
     than 1 with a sink; all zeros for a row whose keys are all masked).
   """
+  q, k, v = (check_array(n, x, kind='floating') for n, x in (('q', q), ('k', k), ('v', v)))
   if q.ndim != 2 or k.ndim != 2 or v.ndim != 2:
     raise ValueError(
         'dot_product_attention takes one head: q [T_q, D_k], k [T_k, D_k], '
@@ -97,6 +101,11 @@ def dot_product_attention(
         f'incompatible shapes: q {q.shape}, k {k.shape}, v {v.shape}; need '
         'q [T_q, D_k], k [T_k, D_k], v [T_k, D_v].')
   scores_shape = (q.shape[0], k.shape[0])
+  check_soft_cap(logit_soft_cap)
+  mask = as_bool_mask('mask', None if mask is None else check_array('mask', mask))
+  bias = None if bias is None else check_array('bias', bias, kind='floating')
+  if sink is not None:
+    sink = check_array('sink', sink, ndim=0, kind='floating')
   compute_dtype = jnp.promote_types(jnp.result_type(q, k, v), jnp.float32)  # >= f32
   scores = jnp.einsum('qd,kd->qk', q, k, preferred_element_type=compute_dtype)
   scores = scores * (1.0 / (q.shape[1] ** 0.5))
@@ -142,7 +151,8 @@ def multi_head_attention(
     `[B, H, T_q, T_k]` in float32.
   """
   check_soft_cap(logit_soft_cap)
-  sinks = check_sinks(sinks, q.shape[2]) if q.ndim == 4 else sinks
+  q, k, v = check_qkv(q, k, v, 'multi_head_attention')
+  sinks = check_sinks(sinks, q.shape[2])
   head = functools.partial(dot_product_attention, logit_soft_cap=logit_soft_cap)
   return map_heads(head, q, k, v, mask=mask, bias=bias, name='multi_head_attention',
                    sinks=sinks)

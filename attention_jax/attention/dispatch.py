@@ -67,6 +67,7 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from attention_jax.attention.capabilities import Kernel
 from attention_jax.attention.capabilities import Request
@@ -77,8 +78,17 @@ from attention_jax.attention.capabilities import shape_obstacles
 from attention_jax.attention.chunked import STRATEGIES
 from attention_jax.attention.chunked import chunked_kernel
 from attention_jax.attention.cudnn import cudnn_kernel
+from attention_jax.attention.checks import as_bool_mask
+from attention_jax.attention.checks import check_array
+from attention_jax.attention.checks import check_flag
+from attention_jax.attention.checks import check_lengths
+from attention_jax.attention.checks import check_qkv
 from attention_jax.attention.heads import as_rank4
+from attention_jax.attention.heads import check_broadcast
 from attention_jax.attention.dense import dense_kernel
+from attention_jax.attention.masked_values import finite_values
+from attention_jax.attention.masked_values import masks_by_structure
+from attention_jax.attention.masked_values import restore_non_finite
 from attention_jax.attention.normalization import Normalization
 from attention_jax.attention.normalization import as_normalization
 from attention_jax.attention.normalization import name_of
@@ -191,10 +201,10 @@ def check_options(implementation: str = 'auto', chunked_strategy: str = 'auto',
                      f'{implementations()}.')
   if chunked_strategy not in STRATEGIES:
     raise ValueError(f'chunked_strategy={chunked_strategy!r}; choose one of {STRATEGIES}.')
-  if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
-    raise ValueError(f'chunk_size={chunk_size!r}: use an integer >= 1 or None.')
-  if window is not None and (not isinstance(window, int) or window < 1):
-    raise ValueError(f'window={window!r}: use an integer >= 1 or None.')
+  for name, value in (('chunk_size', chunk_size), ('window', window)):
+    if value is not None and (not isinstance(value, (int, np.integer))
+                              or isinstance(value, bool) or value < 1):
+      raise ValueError(f'{name}={value!r}: use an integer >= 1 or None.')
 
 
 def current_backend() -> str:
@@ -314,7 +324,9 @@ def scaled_dot_product_attention(
   Args:
     q, k, v: `[B, T_q, H, D]`, `[B, T_k, H_kv, D]`, `[B, T_k, H_kv, D_v]`.
     mask: boolean `[T_q, T_k]` or `[B|1, H|1, T_q, T_k]`, True = attend
-      (rank 3 is ambiguous and refused).
+      (rank 3 is ambiguous and refused); a concrete float mask of exact 0s
+      and 1s (Flax's `nnx.make_attention_mask`) is converted, other floats
+      and a traced float mask are refused (`checks.as_bool_mask`).
     bias: additive, `[T_q, T_k]` or `[B|1, H|1, T_q, T_k]`.
     score_bias: an encoding's contribution (`scores.py`): `NoBias()` (or
       None), one spec (`LinearBias(slopes)`, `DifferenceBias(q_values,
@@ -322,7 +334,9 @@ def scaled_dot_product_attention(
       `DenseBias(bias)` or a `ScoreSpec` kind of your own) or a tuple of
       them; added to `bias`.
     causal: query i attends to keys j <= i (needs T_q == T_k).
-    kv_lengths: int `[B]`: keys at index >= kv_lengths[b] are padding.
+    kv_lengths: int `[B]`, each in [0, T_k]: keys at index >= kv_lengths[b]
+      are padding. Refused outside the range when concrete; under `jit` a
+      negative length masks every key of its row, one above T_k none.
     window: query i attends to keys with |i - j| < window.
     normalization: 'softmax', 'stick_breaking' or a `StickBreaking`
       (`normalization.py`); stick-breaking needs `causal=True` or `q_slots`.
@@ -353,15 +367,35 @@ def scaled_dot_product_attention(
   Returns:
     out `[B, T_q, H, D_v]` in the dtype of v, or `(out, weights)` with
     `return_weights`.
+
+  Keys masked by `kv_lengths`, `causal` or `window` have no influence on any
+  kernel, even with NaN or ±inf values: every other output and every
+  gradient is as with finite values there; feature d of query i is NaN where
+  a key it sees by that structure has a non-finite v[d]
+  (`masked_values.py`). A key masked only by `mask` or `segment_ids` has no
+  such guarantee: a non-finite value there turns NaN the outputs of the
+  queries whose structural range holds it (0 · NaN).
   """
   check_options(implementation, chunked_strategy, chunk_size, window)
-  if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-    raise ValueError('scaled_dot_product_attention takes [batch, length, heads, head_dim] '
-                     f'arrays; got q {q.shape}, k {k.shape}, v {v.shape}.')
+  q, k, v = check_qkv(q, k, v, 'scaled_dot_product_attention')
+  causal = check_flag(None, 'causal', causal)
+  return_weights = check_flag(None, 'return_weights', return_weights)
   t_q, t_k = q.shape[1], k.shape[1]
   if causal and t_q != t_k:
     raise ValueError(f'causal=True needs T_q == T_k, got {t_q} and {t_k}.')
+  kv_lengths = check_lengths('kv_lengths', kv_lengths, q.shape[0], t_k)
+  if q_slots is not None:
+    q_slots = check_array('q_slots', q_slots, ndim=1, kind='integer')
+    if q_slots.shape != (t_q,):
+      raise ValueError(f'q_slots must be [T_q={t_q}] (each query\'s key index), got shape '
+                       f'{tuple(q_slots.shape)}.')
+  mask = as_bool_mask('mask', None if mask is None else check_array('mask', mask))
+  bias = None if bias is None else check_array('bias', bias, kind='floating')
   mask, bias = as_rank4('mask', mask), as_rank4('bias', bias)
+  full = (q.shape[0], q.shape[2], t_q, t_k)
+  for name, x in (('mask', mask), ('bias', bias)):
+    if x is not None:
+      check_broadcast(name, x, full)
   scores = ((() if bias is None else (DenseBias(bias, origin='the bias= argument'),))
             + as_terms(score_bias))
   for term in scores:
@@ -401,9 +435,16 @@ def scaled_dot_product_attention(
     extra['logit_soft_cap'] = float(logit_soft_cap)
   if sinks is not None:
     extra['sinks'] = sinks
+  # Keys hidden by structure have no influence, whatever their values hold
+  # (`masked_values.py`): every kernel gets finite values.
+  guard = masks_by_structure(causal, window, kv_lengths)
+  if guard:
+    v, bad = finite_values(v)
   out, weights = run(
       q, k, v, mask=mask, scores=scores,
       causal=causal, window=window, kv_lengths=kv_lengths, normalization=norm,
       q_slots=q_slots, return_weights=return_weights, chunk_size=chunk_size,
       chunked_strategy=chunked_strategy, **extra)
+  if guard:
+    out = restore_non_finite(out, bad, causal=causal, window=window, kv_lengths=kv_lengths)
   return (out, weights) if return_weights else out

@@ -7,6 +7,10 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from attention_jax.attention.checks import as_bool_mask
+from attention_jax.attention.checks import check_array
+from attention_jax.attention.checks import check_qkv
+
 
 def check_broadcast(name: str, x: jnp.ndarray, target: tuple[int, ...]) -> None:
   if x.ndim > len(target) or any(
@@ -63,17 +67,12 @@ def map_heads(head_fn, q, k, v, *, mask=None, bias=None, name='map_heads', sinks
   shapes, broadcasting and grouped-query rules of `multi_head_attention`.
   The one place heads become an axis: softmax and stick-breaking attention
   share it. With `sinks` `[H]`, head h's call also gets `sink=sinks[h]`."""
-  if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-    raise ValueError(
-        f'{name} takes [batch, length, heads, head_dim] arrays; '
-        f'got q {q.shape}, k {k.shape}, v {v.shape}.')
-  (b, t_q, h, d_k), t_k = q.shape, k.shape[1]
-  if k.shape[:2] != (b, t_k) or k.shape[3] != d_k or v.shape[:2] != (b, t_k):
-    raise ValueError(
-        f'incompatible shapes: q {q.shape}, k {k.shape}, v {v.shape}; need '
-        'q [B, T_q, H, D_k], k [B, T_k, H_kv, D_k], v [B, T_k, H_kv, D_v].')
+  q, k, v = check_qkv(q, k, v, name)
+  (b, t_q, h, _), t_k = q.shape, k.shape[1]
   k, v = repeat_kv_heads(k, v, h, q.shape)
   full = (b, h, t_q, t_k)
+  mask = as_bool_mask('mask', None if mask is None else check_array('mask', mask))
+  bias = None if bias is None else check_array('bias', bias, kind='floating')
   mask, bias = as_rank4('mask', mask), as_rank4('bias', bias)
   if mask is not None:
     check_broadcast('mask', mask, full)

@@ -5,13 +5,16 @@ from typing import Optional
 import jax.numpy as jnp
 import numpy as np
 
+from attention_jax.attention.checks import as_bool_mask
+from attention_jax.attention.checks import check_array
+from attention_jax.attention.checks import check_count
+from attention_jax.attention.checks import check_lengths
 from attention_jax.attention.scores import relative_distance
 
 
 def causal_mask(length: int) -> jnp.ndarray:
   """`[length, length]`: query i attends to keys j <= i."""
-  if length < 1:
-    raise ValueError(f'length must be >= 1, got {length}.')
+  check_count('causal_mask', 'length', length)
   return relative_distance(np.arange(length), np.arange(length)) >= 0
 
 
@@ -21,8 +24,8 @@ def sliding_window_mask(q_len: int, k_len: int, window: int) -> jnp.ndarray:
   causal window `i - window < j <= i`).
 
   Indices, not positions: the window counts tokens, whatever the encoding."""
-  if window is None or int(window) < 1:
-    raise ValueError(f'window must be an integer >= 1, got {window!r}.')
+  for name, value in (('q_len', q_len), ('k_len', k_len), ('window', window)):
+    check_count('sliding_window_mask', name, value)
   return jnp.abs(relative_distance(np.arange(q_len), np.arange(k_len))) < window
 
 
@@ -53,7 +56,7 @@ def attention_mask_from_tokens(token_mask: jnp.ndarray) -> jnp.ndarray:
   A pair (i, j) is attended only when both tokens are real, so a padded query
   row is fully masked: its output is zero (see `dot_product_attention`).
   """
-  token_mask = jnp.asarray(token_mask)
+  token_mask = as_bool_mask('token_mask', check_array('token_mask', token_mask))
   if token_mask.ndim != 2 or token_mask.dtype != jnp.bool_:
     raise ValueError(
         'token_mask must be boolean [batch, length], got '
@@ -66,23 +69,25 @@ def padding_mask(lengths: jnp.ndarray, max_length: int) -> jnp.ndarray:
 
   Positions `>= lengths[b]` are padding, neither attending nor attended.
   """
-  lengths = jnp.asarray(lengths)
-  if lengths.ndim != 1 or not jnp.issubdtype(lengths.dtype, jnp.integer):
-    raise ValueError(
-        'lengths must be an integer vector [batch], got '
-        f'{lengths.dtype}{list(lengths.shape)}.')
+  max_length = check_count('padding_mask', 'max_length', max_length)
+  lengths = check_array('lengths', lengths, ndim=1, kind='integer')
+  lengths = check_lengths('lengths', lengths, lengths.shape[0], max_length)
   token_mask = jnp.arange(max_length)[None, :] < lengths[:, None]
   return attention_mask_from_tokens(token_mask)
 
 
 def combine_masks(*masks: Optional[jnp.ndarray]) -> Optional[jnp.ndarray]:
-  """Logical AND of the given masks (None entries skipped), broadcast together."""
-  masks = [m for m in masks if m is not None]
+  """Logical AND of the given masks (None entries skipped), broadcast together:
+  boolean, or concrete float 0/1 (Flax's, converted); shapes that do not
+  broadcast are refused."""
+  masks = [as_bool_mask('masks', check_array('masks', m)) for m in masks if m is not None]
   if not masks:
     return None
-  for m in masks:
-    if m.dtype != jnp.bool_:
-      raise TypeError(f'masks must be boolean, got {m.dtype}.')
+  try:
+    np.broadcast_shapes(*(m.shape for m in masks))
+  except ValueError:
+    raise ValueError(f'masks of shapes {[tuple(m.shape) for m in masks]} do not broadcast '
+                     'together.') from None
   out = masks[0]
   for m in masks[1:]:
     out = jnp.logical_and(out, m)

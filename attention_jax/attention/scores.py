@@ -43,6 +43,9 @@ from typing import ClassVar, Optional
 import jax.numpy as jnp
 import numpy as np
 
+from attention_jax.attention.checks import check_array
+from attention_jax.attention.checks import check_flag
+
 # Finite and far below any real score, with headroom so that `score - max`
 # inside softmax cannot overflow to -inf (the same choice as jax.nn).
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
@@ -99,7 +102,18 @@ class LinearBias(ScoreSpec):
   origin: Optional[str] = None
 
   def __post_init__(self):
-    object.__setattr__(self, 'slopes', tuple(float(s) for s in np.ravel(self.slopes)))
+    slopes = self.slopes
+    if isinstance(slopes, str) or np.ndim(slopes) != 1:
+      raise ValueError(f'LinearBias: slopes={slopes!r} must be a sequence of one float per '
+                       f'head [H]{_source(self.origin)}.')
+    try:
+      slopes = tuple(float(s) for s in slopes)
+    except (TypeError, ValueError):
+      raise TypeError(f'LinearBias: slopes={self.slopes!r} must hold numbers'
+                      f'{_source(self.origin)}.') from None
+    if not all(np.isfinite(slopes)):
+      raise ValueError(f'LinearBias: slopes={slopes!r} must be finite{_source(self.origin)}.')
+    object.__setattr__(self, 'slopes', slopes)
 
   def check(self, b, h, t_q, t_k):
     del b, t_q, t_k
@@ -121,6 +135,8 @@ class DifferenceBias(ScoreSpec):
   origin: Optional[str] = None
 
   def __post_init__(self):
+    for name in ('q_values', 'k_values'):
+      check_array(name, getattr(self, name), kind='floating')
     q, k = jnp.shape(self.q_values), jnp.shape(self.k_values)
     if (len(q) != 3 or len(k) != 3 or q[2] != k[2]
         or (q[0] != k[0] and 1 not in (q[0], k[0]))):
@@ -178,10 +194,11 @@ class WindowBias(ScoreSpec):
                        f'{self.lows!r} and highs={self.highs!r}{_source(self.origin)}.')
     object.__setattr__(self, 'lows', lows)
     object.__setattr__(self, 'highs', highs)
+    check_flag('WindowBias', 'sink', self.sink)
     for name in ('q_positions', 'k_positions'):
       p = getattr(self, name)
       if p is not None:
-        p = jnp.asarray(p)
+        p = check_array(name, p)
         p = p[None] if p.ndim == 1 else p
         if p.ndim != 2 or not jnp.issubdtype(p.dtype, jnp.integer):
           raise ValueError(f'WindowBias: {name} must be integer [B|1, T] or [T], got '
@@ -227,6 +244,7 @@ class DenseBias(ScoreSpec):
   origin: Optional[str] = None
 
   def __post_init__(self):
+    check_array('bias', self.bias, kind='floating')
     if jnp.ndim(self.bias) != 4:
       raise ValueError(f'DenseBias takes a rank-4 bias [B|1, H|1, T_q, T_k], got shape '
                        f'{jnp.shape(self.bias)}{_source(self.origin)}.')
@@ -283,8 +301,11 @@ def one_of_each(scores, kinds, kernel: str) -> tuple:
 def relative_distance(q_positions, k_positions) -> jnp.ndarray:
   """`i - j` for integer positions `[..., T_q]` and `[..., T_k]` -> int32
   `[..., T_q, T_k]` (leading axes broadcast)."""
-  q = jnp.asarray(q_positions)
-  k = jnp.asarray(k_positions)
+  q = check_array('q_positions', q_positions, kind='integer')
+  k = check_array('k_positions', k_positions, kind='integer')
+  if q.ndim < 1 or k.ndim < 1:
+    raise ValueError(f'q_positions and k_positions must have a length axis [..., T], got '
+                     f'shapes {tuple(q.shape)} and {tuple(k.shape)}.')
   return (q[..., :, None] - k[..., None, :]).astype(jnp.int32)
 
 

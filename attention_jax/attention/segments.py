@@ -31,6 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from attention_jax.attention.checks import check_array
+
 # The ids `padding_ids` gives padded queries and keys: negative (real ids
 # are >= 0) and different, so that a padded query meets no key.
 PADDED_QUERY, PADDED_KEY = -1, -2
@@ -76,6 +78,11 @@ def segment_mask(q_ids: jnp.ndarray, kv_ids: jnp.ndarray) -> jnp.ndarray:
   """int `[B, T_q]`, `[B, T_k]` -> boolean `[B, 1, T_q, T_k]`, True where
   query and key are in the same segment (the dense form of what the
   blockwise kernels build per block)."""
+  q_ids = check_array('q_ids', q_ids, ndim=2, kind='integer')
+  kv_ids = check_array('kv_ids', kv_ids, ndim=2, kind='integer')
+  if q_ids.shape[0] != kv_ids.shape[0]:
+    raise ValueError(f'q_ids {tuple(q_ids.shape)} and kv_ids {tuple(kv_ids.shape)} must '
+                     'have the same batch: [B, T_q] and [B, T_k].')
   return (q_ids[:, :, None] == kv_ids[:, None, :])[:, None]
 
 
@@ -83,7 +90,7 @@ def segment_positions(segment_ids) -> jnp.ndarray:
   """Positions that restart at 0 with each document: int `[B, T]` ids ->
   int32 `[B, T]`, each token's index in its run of equal ids (a new run
   wherever the id changes), what each document would have alone."""
-  ids = jnp.asarray(segment_ids)
+  ids = check_array('segment_ids', segment_ids)
   if ids.ndim != 2 or not jnp.issubdtype(ids.dtype, jnp.integer):
     raise ValueError(f'segment_ids must be integer [batch, length], got '
                      f'{ids.dtype.name}{list(ids.shape)}.')

@@ -49,6 +49,10 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from attention_jax.attention.checks import check_array
+from attention_jax.attention.checks import check_flag
+from attention_jax.attention.checks import check_qkv
+
 from attention_jax.attention.heads import map_heads
 from attention_jax.attention.normalization import REMAINDERS
 
@@ -108,6 +112,14 @@ def stick_breaking_attention(q, k, v, *, mask=None, bias=None, q_slots=None,
   if remainder not in REMAINDERS:
     raise ValueError(f'stick_breaking_attention: remainder={remainder!r}; choose one of '
                      f'{REMAINDERS}.')
+  q, k, v = check_qkv(q, k, v, 'stick_breaking_attention')
+  attend_current = check_flag(None, 'attend_current', attend_current)
+  return_weights = check_flag(None, 'return_weights', return_weights)
+  if q_slots is not None:
+    q_slots = check_array('q_slots', q_slots, ndim=1, kind='integer')
+    if q_slots.shape != (q.shape[1],):
+      raise ValueError(f'q_slots must be [T_q={q.shape[1]}] (each query\'s key index), got '
+                       f'shape {tuple(q_slots.shape)}.')
   if q_slots is None:
     if q.shape[1] != k.shape[1]:
       raise ValueError(f'stick-breaking attention over {k.shape[1]} keys for {q.shape[1]} '

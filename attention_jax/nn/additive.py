@@ -5,6 +5,8 @@ from typing import Optional
 import jax.numpy as jnp
 from flax import nnx
 
+from attention_jax.attention.checks import check_count
+from attention_jax.nn.arguments import check_constructor
 from attention_jax.attention import additive_scores
 from attention_jax.attention import attend
 from attention_jax.attention import dot_scores
@@ -36,6 +38,9 @@ class AdditiveAttention(nnx.Module):
   def __init__(self, query_dim: int, key_dim: int, attention_dim: int = 0, *,
                score: str = 'additive', dtype=None, param_dtype=jnp.float32,
                rngs: nnx.Rngs):
+    check_constructor('AdditiveAttention', rngs=rngs,
+                      counts=(('query_dim', query_dim), ('key_dim', key_dim)))
+    check_count('AdditiveAttention', 'attention_dim (0: key_dim)', attention_dim, minimum=0)
     dtype, param_dtype = check_dtypes('AdditiveAttention', dtype, param_dtype)
     if score not in SCORES:
       raise ValueError(f'score={score!r}; choose one of {SCORES}.')

@@ -43,23 +43,19 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from attention_jax.attention import check_options
 from attention_jax.attention import scaled_dot_product_attention
 from attention_jax.attention.heads import as_rank4
-from attention_jax.attention.heads import repeat_kv_heads
 from attention_jax.attention.normalization import Normalization
-from attention_jax.attention.normalization import as_normalization
 from attention_jax.attention.scalable import scalable_softmax_queries
 from attention_jax.attention.scalable import visible_keys
-from attention_jax.attention.segments import check_segment_ids
-from attention_jax.attention.soft_cap import check_soft_cap
-from attention_jax.nn.arguments import CAUSAL
-from attention_jax.nn.arguments import ORDER
 from attention_jax.nn.arguments import call_inputs
-from attention_jax.nn.arguments import model_width
-from attention_jax.nn.arguments import resolve_deterministic
+from attention_jax.nn.arguments import check_call
+from attention_jax.nn.arguments import check_full_pass
+from attention_jax.nn.arguments import checked_arguments
+from attention_jax.nn.arguments import default_positions
 from attention_jax.nn.cache import CACHE_NAMES
 from attention_jax.nn.cache import KVCache
+from attention_jax.nn.dropout import dropped_values
 from attention_jax.nn.sharding import BATCH_LENGTH_EMBED
 from attention_jax.nn.sharding import KV_HEADS
 from attention_jax.nn.sharding import QUERY_HEADS
@@ -74,7 +70,6 @@ from attention_jax.positional.parameters import HEADS
 from attention_jax.positional.parameters import KV
 from attention_jax.positional.parameters import KV_HEADS as KV_HEAD_AXIS
 from attention_jax.positional.parameters import annotation
-from attention_jax.positional.parameters import check_dtypes
 from attention_jax.positional.parameters import param
 
 
@@ -198,40 +193,19 @@ class MultiHeadAttention(KVCache, nnx.Module):
                normalization: Normalization = 'softmax',
                logit_soft_cap: Optional[float] = None, sinks: bool = False,
                rngs: nnx.Rngs):
-    if causal is None:
-      raise ValueError(CAUSAL)
-    dtype, param_dtype = check_dtypes('MultiHeadAttention', dtype, param_dtype)
-    d_model = model_width(d_model, in_features)
-    if num_heads is None:
-      raise ValueError(f'MultiHeadAttention needs num_heads; {ORDER}.')
-    if num_heads < 1 or d_model % num_heads:
-      raise ValueError(
-          f'num_heads={num_heads} must be >= 1 and divide d_model={d_model}; {ORDER}.')
-    if qkv_features is not None and qkv_features != d_model:
-      raise ValueError(f'qkv_features={qkv_features}: this module keeps queries, keys and '
-                       f'values at the width d_model={d_model} (head_dim = d_model // '
-                       'num_heads, which the encodings read); leave qkv_features unset.')
-    if not 0.0 <= dropout_rate < 1.0:
-      raise ValueError(f'dropout_rate={dropout_rate!r} must be in [0, 1).')
-    num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-    if num_kv_heads < 1 or num_heads % num_kv_heads:
-      raise ValueError(f'num_kv_heads={num_kv_heads} must be >= 1 and divide '
-                       f'num_heads={num_heads}.')
-    if sliding_window is not None and (not isinstance(sliding_window, int)
-                                       or sliding_window < 1):
-      raise ValueError(f'sliding_window={sliding_window!r}: use an integer >= 1 or None.')
-    check_options(implementation, chunked_strategy, chunk_size)
-    self.normalization = as_normalization(normalization)
-    if self.normalization is not None and not causal:
-      raise ValueError(f'normalization={normalization!r} (stick-breaking) reads the keys '
-                       'before each query: it needs causal=True.')
-    check_soft_cap(logit_soft_cap)
-    if not isinstance(sinks, bool):
-      raise TypeError(f'sinks={sinks!r}: use True (one learned sink logit per head) or '
-                      'False.')
-    if self.normalization is not None and (logit_soft_cap is not None or sinks):
-      raise ValueError(f'logit_soft_cap={logit_soft_cap!r}, sinks={sinks!r}: both act on a '
-                       f'softmax, not on normalization={normalization!r} (stick-breaking).')
+    a = checked_arguments(
+        d_model=d_model, num_heads=num_heads, in_features=in_features,
+        qkv_features=qkv_features, out_features=out_features, in_kv_features=in_kv_features,
+        encoding=encoding, causal=causal, num_kv_heads=num_kv_heads, sliding_window=sliding_window,
+        max_positions=max_positions, use_bias=use_bias, dtype=dtype, param_dtype=param_dtype,
+        dropout_rate=dropout_rate, deterministic=deterministic,
+        broadcast_dropout=broadcast_dropout, decode=decode, implementation=implementation,
+        chunk_size=chunk_size, chunked_strategy=chunked_strategy,
+        scalable_softmax=scalable_softmax, normalization=normalization,
+        logit_soft_cap=logit_soft_cap, sinks=sinks, rngs=rngs)
+    d_model, num_heads, num_kv_heads = a.d_model, a.num_heads, a.num_kv_heads
+    dtype, param_dtype, causal = a.dtype, a.param_dtype, a.causal
+    self.normalization = a.normalization
     self.logit_soft_cap = None if logit_soft_cap is None else float(logit_soft_cap)
     self.implementation, self.chunk_size = implementation, chunk_size
     self.chunked_strategy, self.causal = chunked_strategy, bool(causal)
@@ -259,9 +233,6 @@ class MultiHeadAttention(KVCache, nnx.Module):
         encoding, d_model=d_model, num_heads=num_heads, max_positions=max_positions,
         causal=self.causal, rngs=rngs, owner='MultiHeadAttention', options=encoding_options,
         dtype=dtype, param_dtype=param_dtype)
-    if scalable_softmax is not None and not scalable_softmax > 0:
-      raise ValueError(f'scalable_softmax={scalable_softmax!r}: the initial s must be > 0 '
-                       '(or None for plain softmax).')
     self.ssmax_scale = (None if scalable_softmax is None else
                         param(jnp.full((num_heads,), scalable_softmax), (HEADS,), param_dtype))
     self.dropout_rate, self.deterministic = float(dropout_rate), deterministic
@@ -307,19 +278,9 @@ class MultiHeadAttention(KVCache, nnx.Module):
       head_dim]`) in the projections' dtype.
     """
     context = x if context is None else context
-    q, k, _ = self._encoded_qkv(x, context, *self._positions(
+    q, k, _ = self._encoded_qkv(x, context, *default_positions(
         x, context, positions, context_positions), kv_lengths)
     return q, k
-
-  def _positions(self, x, context, positions, context_positions):
-    """The call's defaults: queries at 0 … T_q-1; keys at the queries'
-    positions for self-attention (`context` is `x`), else 0 … T_k-1."""
-    if positions is None:
-      positions = np.arange(x.shape[1], dtype=np.int32)
-    if context_positions is None:
-      context_positions = (positions if context is x
-                           else np.arange(context.shape[1], dtype=np.int32))
-    return positions, context_positions
 
   def _encoded_qkv(self, x, context, positions, context_positions, kv_lengths):
     """(q, k, v) of the call: `encoded_queries_keys`' q and k, and v."""
@@ -395,40 +356,15 @@ class MultiHeadAttention(KVCache, nnx.Module):
     """
     x, context = call_inputs(x, context, inputs_q, inputs_k, inputs_v, is_causal, self.causal)
     decoding = self.decode if decode is None else decode
-    if distances is not None and (decoding or not self.positional.reads_distances):
-      raise ValueError(f'distances= is read in a full pass by encodings with reads_distances '
-                       f'(alibi, relative), not {type(self.positional).__name__} (decode='
-                       f'{decoding}).')
-    if decoding and (segment_ids is not None or context_segment_ids is not None):
-      raise ValueError('segment_ids= is served in a full pass only: a key/value cache holds '
-                       'one document per row (decode each document in a row of its own).')
+    mask = check_call(self, decoding, mask, distances, segment_ids, context_segment_ids)
     if decoding:
       return self._decode(x, context, positions, mask, bias, kv_lengths,
                           return_weights or sow_weights)
     self_attention = context is None
     context = x if self_attention else context
-    for name, a, width in (('x', x, self.d_model), ('context', context, self.in_kv_features)):
-      if a.ndim != 3 or a.shape[-1] != width:
-        raise ValueError(f'{name} must be [batch, length, {width}], got {a.shape}.')
-    if self.causal and x.shape[1] != context.shape[1]:
-      raise ValueError(f'this MultiHeadAttention is causal (causal=True), which needs as '
-                       f'many queries as keys, got {x.shape[1]} and {context.shape[1]}; '
-                       'build cross-attention with causal=False.')
-    segments = check_segment_ids(segment_ids, context_segment_ids, x.shape[0], x.shape[1],
-                                 context.shape[1],
-                                 names=('segment_ids', 'context_segment_ids'))
-    if segments is not None and self.ssmax_scale is not None:
-      raise ValueError('segment_ids= with scalable_softmax: its log n counts the keys a '
-                       'query sees by index, across documents; packed rows are not '
-                       'served with it.')
-    q_ids, kv_ids = (None, None) if segments is None else segments
-    dropping = not resolve_deterministic(self.dropout_rate, deterministic, self.deterministic)
-    if dropping and self.implementation not in ('auto', 'dense'):
-      raise ValueError(
-          f'dropout_rate={self.dropout_rate} drops attention weights, which only the dense '
-          f'kernel forms, but implementation={self.implementation!r}: use \'auto\' or '
-          '\'dense\', or call with deterministic=True.')
-    positions, context_positions = self._positions(x, context, positions, context_positions)
+    q_ids, kv_ids, dropping = check_full_pass(self, x, context, mask, kv_lengths, segment_ids,
+                                              context_segment_ids, deterministic)
+    positions, context_positions = default_positions(x, context, positions, context_positions)
     q, k, v = self._encoded_qkv(x, context, positions, context_positions, kv_lengths)
     q_features = self.positional.token_features(x)
     score_bias = self.positional.score_contribution(ScoreContext(
@@ -456,7 +392,8 @@ class MultiHeadAttention(KVCache, nnx.Module):
     if sow_weights:
       self.sow(nnx.Intermediate, 'attention_weights', weights)
     if dropping:
-      out = self._dropped_values(weights, k, v, rngs)
+      out = dropped_values(weights, k, v, self.dropout_rate, self.broadcast_dropout,
+                           self.rngs if rngs is None else rngs)
     out = constrain(self.W_O(self._with_remainder(out)), BATCH_LENGTH_EMBED)
     return (out, weights) if return_weights else out
 
@@ -470,17 +407,3 @@ class MultiHeadAttention(KVCache, nnx.Module):
     """Attention output `[B, T_q, H, D]` (D + 1 with 'head_bias') -> `[B, T_q,
     H, D]`: stick-breaking's learned remainder added and normalised, if on."""
     return out if self.remainder is None else self.remainder(out)
-
-  def _dropped_values(self, weights, k, v, rngs):
-    """dropout(weights) · v: `[B, H, T_q, T_k]`, v `[B, T_k, H_kv, D]` ->
-    `[B, T_q, H, D]` in v's dtype, with the dense kernel's float32 sums."""
-    rngs = self.rngs if rngs is None else rngs
-    if rngs is None:
-      raise ValueError('dropout needs random keys: build the module with rngs=nnx.Rngs(...) '
-                       'or pass rngs= to the call.')
-    dims = (0, 1) if self.broadcast_dropout else ()
-    dropped = nnx.Dropout(self.dropout_rate, broadcast_dims=dims)(
-        weights, deterministic=False, rngs=rngs)
-    _, v = repeat_kv_heads(k, v, self.num_heads)
-    out = jnp.einsum('bhqk,bkhd->bqhd', dropped, v, preferred_element_type=jnp.float32)
-    return out.astype(v.dtype)

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from attention_jax.attention.checks import check_array
 from attention_jax.nn.cache import is_static
 from attention_jax.nn.sampling import check_sampling_options
 from attention_jax.nn.sampling import options_valid
@@ -185,6 +186,11 @@ def generate(model, prompt: jax.Array, num_tokens: int, *,
                      'one per row); without a key generation is greedy and takes no '
                      'temperature, top_k or top_p.')
   (b, p), total = prompt.shape, prompt.shape[1] + num_tokens
+  if positions is not None:
+    positions = check_array('positions', positions, ndim=(1, 2), kind='integer')
+    if positions.shape[-1] != total or positions.ndim == 2 and positions.shape[0] not in (1, b):
+      raise ValueError(f'positions must be int [P + num_tokens] = [{total}] or [B|1, {total}] '
+                       f'(one per slot), got shape {tuple(positions.shape)}.')
   if temperature is None and key is not None:
     temperature = 1.0
   top_k = check_sampling_options(temperature, top_k, top_p)

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from attention_jax.nn.arguments import check_constructor
 from attention_jax.nn.attention import MultiHeadAttention
 from attention_jax.nn.sharding import BATCH_LENGTH_EMBED
 from attention_jax.nn.sharding import BATCH_LENGTH_MLP
@@ -111,6 +112,12 @@ class TransformerEncoder(nnx.Module):
                max_positions: Optional[int] = None, encoding_options: Optional[dict] = None,
                dropout_rate: float = 0.0, dtype=None, param_dtype=jnp.float32,
                rngs: nnx.Rngs):
+    check_constructor('TransformerEncoder', rngs=rngs, counts=(
+        ('vocab_size', vocab_size), ('output_size', output_size), ('d_model', d_model),
+        ('num_heads', num_heads), ('num_layers', num_layers), ('mlp_dim', mlp_dim)),
+                      optional_counts=(('max_positions', max_positions),),
+                      rate=('dropout_rate', dropout_rate), encoding=encoding,
+                      encoding_options=encoding_options)
     dtype, param_dtype = check_dtypes('TransformerEncoder', dtype, param_dtype)
     precision = dict(dtype=dtype, param_dtype=param_dtype)
     self.vocab_size, self.num_layers = vocab_size, num_layers

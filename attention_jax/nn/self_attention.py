@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from attention_jax.nn.arguments import check_constructor
 from attention_jax.attention import check_options
 from attention_jax.attention import scaled_dot_product_attention
 from attention_jax.attention.heads import as_rank4
@@ -92,6 +93,9 @@ class SelfAttention(nnx.Module):
                param_dtype=jnp.float32, implementation: str = 'auto',
                rngs: nnx.Rngs):
     check_options(implementation)
+    check_constructor('SelfAttention', rngs=rngs, counts=(('d_model', d_model), ('d_k', d_k)),
+                      optional_counts=(('d_v', d_v), ('max_positions', max_positions)),
+                      flags=(('causal', causal),), encoding=encoding)
     dtype, param_dtype = check_dtypes('SelfAttention', dtype, param_dtype)
     self.dtype, self.param_dtype = dtype, param_dtype
     proj = dict(use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs,

@@ -17,6 +17,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from attention_jax.attention.checks import check_count
+from attention_jax.nn.arguments import check_constructor
+from attention_jax.nn.additive import SCORES
 from attention_jax.nn.additive import AdditiveAttention
 from attention_jax.nn.transformer import linear
 from attention_jax.positional.parameters import EMBED
@@ -48,6 +51,15 @@ class Seq2Seq(nnx.Module):
                attention: bool, start_token: int, bidirectional: bool = False,
                score: str = 'additive', dtype=None, param_dtype=jnp.float32,
                rngs: nnx.Rngs):
+    check_constructor('Seq2Seq', rngs=rngs, counts=(
+        ('vocab_size', vocab_size), ('embed_dim', embed_dim), ('hidden_dim', hidden_dim)),
+                      flags=(('attention', attention), ('bidirectional', bidirectional)))
+    check_count('Seq2Seq', 'start_token', start_token, minimum=0)
+    if score not in SCORES:
+      raise ValueError(f'Seq2Seq: score={score!r}; choose one of {SCORES}.')
+    if start_token >= vocab_size:
+      raise ValueError(f'Seq2Seq: start_token={start_token} must be a token id below '
+                       f'vocab_size={vocab_size}.')
     dtype, param_dtype = check_dtypes('Seq2Seq', dtype, param_dtype)
     precision = dict(dtype=dtype, param_dtype=param_dtype)
     self.dtype, self.param_dtype = dtype, param_dtype

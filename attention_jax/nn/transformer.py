@@ -55,12 +55,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from attention_jax.nn.arguments import check_constructor
+from attention_jax.nn.arguments import resolve_deterministic
 from attention_jax.attention.normalization import Normalization
 from attention_jax.attention.segments import check_segment_ids
 from attention_jax.attention.segments import padding_ids
 from attention_jax.attention.segments import segment_positions
 from attention_jax.nn.attention import MultiHeadAttention
-from attention_jax.nn.attention import resolve_deterministic
 from attention_jax.nn.cache import guard_slots
 from attention_jax.nn.cache import is_static
 from attention_jax.nn.cache import poison
@@ -201,6 +202,16 @@ class TransformerLM(nnx.Module):
                abacus: Optional[dict] = None, logit_soft_cap: Optional[float] = None,
                sinks: bool = False, dtype=None, param_dtype=jnp.float32,
                rngs: nnx.Rngs):
+    check_constructor('TransformerLM', rngs=rngs, counts=(
+        ('vocab_size', vocab_size), ('d_model', d_model), ('num_heads', num_heads),
+        ('num_layers', num_layers), ('mlp_dim', mlp_dim)), optional_counts=(
+            ('max_positions', max_positions), ('num_kv_heads', num_kv_heads),
+            ('sliding_window', sliding_window)),
+                      flags=(('sinks', sinks),),
+                      optional_flags=(('encoding_per_layer', encoding_per_layer),
+                                      ('deterministic', deterministic)),
+                      rate=('dropout_rate', dropout_rate), encoding=encoding,
+                      encoding_options=encoding_options)
     dtype, param_dtype = check_dtypes('TransformerLM', dtype, param_dtype)
     precision = dict(dtype=dtype, param_dtype=param_dtype)
     self.vocab_size, self.dtype, self.param_dtype = vocab_size, dtype, param_dtype
@@ -259,9 +270,10 @@ class TransformerLM(nnx.Module):
     `abacus_offset` int or `[B]`: the Abacus training offset k (default 0).
 
     Token ids outside 0 … vocab_size-1 are a ValueError when known (outside
-    jit); traced ones are not checked: `nnx.Embed`'s `jnp.take` fills their
-    embeddings with NaN, so every logit of that row is NaN (a masked NaN key
-    still reaches earlier queries, 0 · NaN = NaN); other rows are unaffected.
+    jit); traced ones are not checked: every embedding of a row holding one
+    is NaN (`nnx.Embed`'s `jnp.take` fills that token's alone, and masked
+    keys no longer reach earlier queries), so every logit of that row is
+    NaN; other rows are unaffected.
 
     Returns logits float32 `[B, T, vocab_size]` (whatever `dtype`), and with
     `return_weights` also the list of per-layer attention weights `[B, H, T, T]`.
@@ -272,7 +284,10 @@ class TransformerLM(nnx.Module):
     if positions is None:
       positions = (np.arange(t, dtype=np.int32) if segment_ids is None
                    else segment_positions(segment_ids))
-    x = self.positional.add_to_embeddings(self.embed(tokens), positions)
+    x = self.embed(tokens)
+    outside = jnp.any((tokens < 0) | (tokens >= self.vocab_size), axis=1)
+    x = jnp.where(outside[:, None, None], jnp.asarray(jnp.nan, x.dtype), x)
+    x = self.positional.add_to_embeddings(x, positions)
     if self.abacus is not None:
       x = self.abacus(x, self.abacus.ids(tokens, abacus_offset))
     elif abacus_offset is not None:

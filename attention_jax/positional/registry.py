@@ -9,11 +9,15 @@ package, call `register_encoding(name, cls)`. `make_encoding`'s `dtype` and
 lists the encoding's own options.
 """
 
+import difflib
+import inspect
 from typing import Optional
 
 import jax.numpy as jnp
 from flax import nnx
 
+from attention_jax.attention.checks import check_count
+from attention_jax.attention.checks import check_flag
 from attention_jax.positional.alibi import ALiBi
 from attention_jax.positional.base import NoPE
 from attention_jax.positional.base import PositionalEncoding
@@ -65,11 +69,35 @@ ENCODINGS = {
 MODIFIERS = ('randomized', 'coupled')  # coupled: position coupling (Cho et al. 2024), set up by the lab's tasks
 
 
+# The keywords every `build` takes (from `make_encoding`); the rest are the
+# encoding's own options.
+COMMON_BUILD_ARGUMENTS = ('d_model', 'num_heads', 'max_positions', 'causal', 'rngs')
+
+
+def did_you_mean(word, choices) -> str:
+  """' Did you mean 'x'?' for the choice closest to `word` (case aside), or ''."""
+  if not isinstance(word, str):
+    return ''
+  choices = list(choices)
+  folded = [c for c in choices if c.lower() == word.lower()]
+  close = folded or difflib.get_close_matches(word, choices, n=1)
+  return f' Did you mean {close[0]!r}?' if close else ''
+
+
+def encoding_options(name: str) -> tuple[str, ...]:
+  """The encoding's own keyword options: its `build`'s keywords beyond the
+  common ones (empty when the build takes **kwargs, which names none)."""
+  parameters = inspect.signature(ENCODINGS[name].build).parameters.values()
+  return tuple(p.name for p in parameters if p.name not in COMMON_BUILD_ARGUMENTS
+               and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
+
+
 def register_encoding(name: str, cls: type, *, overwrite: bool = False) -> None:
   """Makes `cls` (a `PositionalEncoding` subclass with a `build` classmethod)
   available as `name` to `make_encoding`, `parse_encoding_spec` and every
   model taking `encoding=name`. A name already taken is an error unless
   `overwrite=True`."""
+  check_flag('register_encoding', 'overwrite', overwrite)
   if not isinstance(name, str) or not name or ':' in name:
     raise ValueError(f'encoding name must be a non-empty string without ":" (it '
                      f'separates modifiers such as ":randomized"), got {name!r}.')
@@ -87,12 +115,41 @@ def register_encoding(name: str, cls: type, *, overwrite: bool = False) -> None:
 def parse_encoding_spec(spec: str) -> tuple[str, bool]:
   """'NAME' or 'NAME:randomized' (how sweeps and presets name an encoding
   trained on randomized positions, Ruoss et al. 2023) -> (NAME, randomized)."""
+  if not isinstance(spec, str):
+    raise TypeError(f'encoding spec must be a string NAME or NAME:MODIFIER, got '
+                    f'{type(spec).__name__} {spec!r}.')
   name, _, modifier = spec.partition(':')
   if name not in ENCODINGS or modifier not in ('',) + MODIFIERS:
+    hint = (did_you_mean(name, ENCODINGS) if name not in ENCODINGS
+            else did_you_mean(modifier, MODIFIERS))
     raise ValueError(
-        f'bad encoding {spec!r}: expected NAME or NAME:MODIFIER ({"|".join(MODIFIERS)}) with NAME one of '
-        f'{sorted(ENCODINGS)}.')
+        f'bad encoding {spec!r}: the spec must be NAME or NAME:MODIFIER '
+        f'({"|".join(MODIFIERS)}) with NAME one of {sorted(ENCODINGS)}.{hint}')
   return name, modifier == 'randomized'
+
+
+def check_encoding_name(name) -> None:
+  """Refuses a `name` that is not one of `ENCODINGS` (a TypeError for a
+  non-string), with the closest name (or modifier) it may have meant; modules
+  call it before making any parameter."""
+  if not isinstance(name, str):
+    raise TypeError(f'positional encoding name must be a string, one of '
+                    f'{sorted(ENCODINGS)}; got {type(name).__name__} {name!r}.')
+  if name not in ENCODINGS:
+    base, _, modifier = name.partition(':')
+    if modifier:
+      raise ValueError(
+          f'positional encoding {name!r}: ":{modifier}" is a modifier of a sweep spec (one '
+          f'of {"|".join(MODIFIERS)}), not part of the encoding name; build {base!r} and pass the '
+          'positions to the model call instead (":coupled": '
+          'positional.coupled_position_ids, ":randomized": positional.random_positions); '
+          'parse_encoding_spec splits a spec.' + (
+              did_you_mean(modifier, MODIFIERS) if modifier not in MODIFIERS else '') + (
+              '' if base in ENCODINGS else f' {base!r} is not one of {sorted(ENCODINGS)}.'
+              + did_you_mean(base, ENCODINGS)))
+    raise ValueError(
+        f'unknown positional encoding {name!r}: the name must be one of {sorted(ENCODINGS)}.'
+        + did_you_mean(name, ENCODINGS))
 
 
 def make_encoding(
@@ -122,21 +179,26 @@ def make_encoding(
     param_dtype: the dtype its parameters are stored in (default float32).
     **options: encoding-specific keywords, e.g. `base=` for 'rope'.
   """
-  if name not in ENCODINGS:
-    base, _, modifier = str(name).partition(':')
-    if modifier:
-      raise ValueError(
-          f'positional encoding {name!r}: ":{modifier}" is a modifier of a sweep spec (one '
-          f'of {"|".join(MODIFIERS)}), not part of the encoding; build {base!r} and pass the '
-          'positions to the model call instead (":coupled": '
-          'positional.coupled_position_ids, ":randomized": positional.random_positions); '
-          'parse_encoding_spec splits a spec.' + (
-              '' if base in ENCODINGS else f' {base!r} is not one of {sorted(ENCODINGS)}.'))
-    raise ValueError(
-        f'unknown positional encoding {name!r}; choose one of {sorted(ENCODINGS)}.')
+  check_encoding_name(name)
+  check_count(name, 'd_model', d_model)
+  check_count(name, 'num_heads', num_heads)
+  if max_positions is not None:
+    check_count(name, 'max_positions', max_positions)
+  check_flag(name, 'causal', causal)
   if d_model % num_heads:
     raise ValueError(
         f'num_heads={num_heads} does not divide d_model={d_model}.')
+  if rngs is not None and not isinstance(rngs, nnx.Rngs):
+    raise TypeError(f'positional encoding {name!r}: rngs must be an nnx.Rngs or None, got '
+                    f'{type(rngs).__name__}.')
+  own = encoding_options(name)
+  unknown = [o for o in options if o not in own]
+  if unknown and own:
+    raise ValueError(
+        f'positional encoding {name!r} got an unknown option among {sorted(options)} '
+        f'(encoding_options= or make_encoding\'s keywords): {unknown[0]!r} is not one of '
+        f'its options {sorted(own)}.'
+        + did_you_mean(unknown[0], own))
   dtype, param_dtype = check_dtypes(f'positional encoding {name!r}', dtype, param_dtype)
   try:
     with precision(dtype, param_dtype):
@@ -147,8 +209,8 @@ def make_encoding(
     if 'unexpected keyword' not in str(e):
       raise
     raise ValueError(
-        f'positional encoding {name!r} got an unknown option among '
-        f'{sorted(options)}: {e}') from None
+        f'positional encoding {name!r} got an unknown option among {sorted(options)} '
+        f'(encoding_options= or make_encoding\'s keywords; it takes none: {e}).') from None
   _store_in(encoding, param_dtype)
   return encoding
 

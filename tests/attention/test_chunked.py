@@ -115,9 +115,9 @@ class ChunkedAttentionTest(chex.TestCase, parameterized.TestCase):
       chunked_attention(q[0], k, v)
     with self.assertRaisesRegex(ValueError, r'alibi_slopes must have shape \(3,\), got \(2,\)'):
       chunked_attention(q, k, v, alibi_slopes=jnp.ones(2))
-    with self.assertRaisesRegex(ValueError, 'chunk sizes must be >= 1'):
+    with self.assertRaisesRegex(ValueError, 'q_chunk=0 must be an integer >= 1'):
       chunked_attention(q, k, v, q_chunk=0)
-    with self.assertRaisesRegex(ValueError, 'heads_per_step must be >= 1, got 0'):
+    with self.assertRaisesRegex(ValueError, 'heads_per_step=0 must be an integer >= 1'):
       chunked_attention(q, k, v, heads_per_step=0)
     with self.assertRaisesRegex(ValueError, r"strategy='flash'; choose one of"):
       chunked_attention(q, k, v, strategy='flash')

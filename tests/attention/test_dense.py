@@ -121,7 +121,7 @@ class DotProductAttentionTest(chex.TestCase, parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, r'mask has shape \(3, 4\)'):
       aj.dot_product_attention(q, k, v, mask=jnp.ones((3, 4), bool))
     with self.assertRaisesRegex(TypeError, r'mask must be boolean'):
-      aj.dot_product_attention(q, k, v, mask=jnp.ones((3, 5)))
+      aj.dot_product_attention(q, k, v, mask=jnp.ones((3, 5), jnp.int32))
 
 
 class MultiHeadAttentionTest(chex.TestCase, parameterized.TestCase):
