@@ -1,6 +1,7 @@
 """Bad input is refused, never read as something else: a batch asked for
-inputs longer than it is padded for, and an evaluation range that cannot
-fit (refused at config time, before any model trains)."""
+inputs longer than it is padded for, Abacus ids past a run's table (under
+`jit` too, and named by operand in `predict`), and an evaluation range that
+cannot fit (refused at config time, before any model trains)."""
 
 import os
 import subprocess
@@ -9,16 +10,21 @@ import tempfile
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from absl.testing import absltest
 from absl.testing import parameterized
+from flax import nnx
 
 from attention_jax.lab import eval_budget
+from attention_jax.lab import models
 from attention_jax.lab import tasks
+from attention_jax.lab import trained
 from attention_jax.lab.errors import ConfigError
 from attention_jax.lab.tasks.batches import make_batch
 from attention_jax.lab.tasks.batches import make_seq2seq_batch
 from attention_jax.lab.validate import validate_config
+from configs import addition as addition_config
 from configs import copy as copy_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -45,6 +51,32 @@ class BatchLengthTest(parameterized.TestCase):
     traced = jax.jit(lambda n: make_batch(task, jax.random.key(0), n, vocab_size=10,
                                           max_input_length=10)['inputs'])
     self.assertEqual(traced(jnp.asarray([[10, 1]], jnp.int32)).shape, batch['inputs'].shape)
+
+
+class AbacusRangeTest(absltest.TestCase):
+  """A run's model (untrained: the range is the table's, not the weights')."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    c = models.resolve_options(addition_config.get_config('scale=tiny,encoding=fire:abacus'))
+    cls.abacus_run = trained.Trained(model=models.build_model(c, 0), config=c,
+                              task=models.configured_task(c), run_dir='untrained')
+    cls.rows = cls.abacus_run.model.abacus.rows
+
+  def test_ids_past_the_table_under_jit_are_an_error_not_pad(self):
+    number = jnp.full((1, self.rows), tasks.NUM_SPECIAL + 7, jnp.int32)  # ids 1 … rows
+    forward = nnx.jit(lambda model, t: model(t))
+    with self.assertRaisesRegex(Exception, f'Abacus ids reach {self.rows} .* {self.rows} rows'):
+      jax.block_until_ready(forward(self.abacus_run.model, number))
+    self.assertTrue(np.all(np.isfinite(forward(self.abacus_run.model, number[:, 1:]))))
+
+  def test_predict_names_the_operands_past_the_table(self):
+    longest = self.rows - 2  # operand digits whose sum's digits all have rows
+    with self.assertRaisesRegex(ValueError, f'predict\\(a={10 ** longest}, b=0\\): its answer can '
+                                f'have {self.rows} digits.* at most {longest} digits'):
+      self.abacus_run.predict(10 ** longest, 0)
+    self.assertIsNotNone(self.abacus_run.predict(10 ** (longest - 1), 0).tokens)
 
 
 class EvaluationBudgetTest(absltest.TestCase):
