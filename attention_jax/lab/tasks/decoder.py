@@ -27,6 +27,7 @@ from attention_jax.lab.tasks.batches import EOS
 from attention_jax.lab.tasks.batches import NUM_SPECIAL
 from attention_jax.lab.tasks.batches import PAD
 from attention_jax.lab.tasks.batches import SEP
+from attention_jax.lab.tasks.batches import check_lengths
 from attention_jax.lab.tasks.batches import sample_lengths
 from attention_jax.lab.tasks.input_forms import check_input
 from attention_jax.lab.tasks.spec import TaskSpec
@@ -87,6 +88,7 @@ class DecoderTask:
   def example(self, key, lengths, vocab_size: int, max_length: int):
     """`BOS x SEP y EOS PAD …` int32 `[B, sequence_length]`, and its output
     tokens (y and EOS), bool, same shape."""
+    check_lengths(lengths, max_length)
     return self._layout(*self.symbols(key, lengths, vocab_size, max_length), max_length)
 
   def _layout(self, x, y, nx, ny, max_length: int):
