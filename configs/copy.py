@@ -215,6 +215,10 @@ def get_config(arg=None):
   c.eval.batch_size = 256  # sequences per compiled evaluation call
   c.eval.seed = 12345  # evaluation data, shared by every model
   c.eval.generate = True  # also score by greedy generation with the key/value cache
+  # Every length padded to the longest: one compiled program per model (and
+  # one for generation) instead of one per bucket; for presets whose time is
+  # compiling (tiny).
+  c.eval.one_bucket = False
   c.eval.rope_scalings = ('pi', 'ntk', 'yarn')  # 'rope' models: also evaluated with each (rows rope+pi, …)
   c.eval.rope_scale_factor = 0.0  # eval.rope_scalings' factor s; 0 = longest eval / longest training sequence
 
@@ -267,7 +271,7 @@ def get_config(arg=None):
     c.task.train_max_length = 4
     c.train.update(batch_size=8, num_steps=5, warmup_steps=1, log_every=5, tensorboard=False,
                    steps_per_call=1)
-    c.eval.update(max_length=8, num_samples=4, batch_size=4, rope_scalings=())
+    c.eval.update(max_length=8, num_samples=4, batch_size=4, rope_scalings=(), one_bucket=True)
     c.study.seeds = (0,)
     c.study.variants = ml_collections.ConfigDict(entries.tiny_variants(VARIANTS))
     c.progress = False

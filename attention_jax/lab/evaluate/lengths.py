@@ -57,6 +57,17 @@ def eval_lengths(config) -> list[int]:
       config.task.train_max_length, config.eval.max_length)
 
 
+def bucket_floor(config, lengths: Sequence[int]) -> int:
+  """The `train_max` that `buckets` gets for a config's `lengths`: the
+  training maximum, or with `eval.one_bucket` the longest length, so every
+  length shares one padded size and one compiled program (a tiny preset's
+  time is its compiles; padding does not change a copy-family result,
+  tests/lab/test_training.py, but it draws addition's operands anew)."""
+  if config.eval.get('one_bucket', False):
+    return max(lengths)
+  return config.task.train_max_length
+
+
 def buckets(lengths: Sequence[int], train_max: int) -> dict[int, list[int]]:
   """Maps each bucket size (max input length) to the lengths padded to it.
 
