@@ -32,10 +32,11 @@ One model: `python -m experiments.train --config=configs/copy.py:encoding=rope
                   et al. 2022 / Ruoss et al. 2023: 5 layers, 8 heads, batch
                   128, train lengths 1–40, evaluation to 500, 10 seeds; for
                   GPU/TPU) | tiny (the tests' smoke run: 5 steps for every
-                  entry, variants included; mostly compiling: the default
-                  study's 8 entries took 395 s wall on the 2-core CPU shared
-                  with other jobs (load 5-8), about 40 s of compiling per
-                  entry, generation's included)
+                  entry, variants included, every length in one evaluation
+                  program; mostly compiling, three programs per entry (train
+                  step, evaluation, generation): the default study's 8
+                  entries took 103 s of CPU time, 590 s wall on the 2-core
+                  CPU under load 15-19 from other jobs)
   study=NAME      which entries and tasks a study sweeps: STUDIES below
                   (default | extended | frontier | all | generalize)
 
