@@ -23,9 +23,10 @@ Presets by `:arg`, comma-separated `key=value`, as configs/copy.py:
   scale=NAME      cpu (default) | paper (Cho et al. 2024's 1-layer coupling
                   run, scripts/addition/run_coupling.sh; for GPU/TPU) | tiny
                   (the tests' smoke run: 5 steps for every entry, 4 sums per
-                  length; the default study's 10 entries took 553 s wall on
-                  the 2-core CPU shared with other jobs (load 5-8), nearly
-                  all of it compiling)
+                  length, every length in one program; the default study's
+                  10 entries took 166 s of CPU time, 1,078 s wall on the
+                  2-core CPU under load 13-20 from other jobs, nearly all of
+                  it compiling)
   study=NAME      which entries a study sweeps: STUDIES below
 """
 

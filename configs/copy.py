@@ -32,10 +32,11 @@ One model: `python -m experiments.train --config=configs/copy.py:encoding=rope
                   et al. 2022 / Ruoss et al. 2023: 5 layers, 8 heads, batch
                   128, train lengths 1–40, evaluation to 500, 10 seeds; for
                   GPU/TPU) | tiny (the tests' smoke run: 5 steps for every
-                  entry, variants included; mostly compiling: the default
-                  study's 8 entries took 395 s wall on the 2-core CPU shared
-                  with other jobs (load 5-8), about 40 s of compiling per
-                  entry, generation's included)
+                  entry, variants included, every length in one evaluation
+                  program; mostly compiling, three programs per entry (train
+                  step, evaluation, generation): the default study's 8
+                  entries took 103 s of CPU time, 590 s wall on the 2-core
+                  CPU under load 15-19 from other jobs)
   study=NAME      which entries and tasks a study sweeps: STUDIES below
                   (default | extended | frontier | all | generalize)
 
@@ -228,6 +229,10 @@ def get_config(arg=None):
   c.eval.batch_size = 256  # sequences per compiled evaluation call
   c.eval.seed = 12345  # evaluation data, shared by every model
   c.eval.generate = True  # also score by greedy generation with the key/value cache
+  # Every length padded to the longest: one compiled program per model (and
+  # one for generation) instead of one per bucket; for presets whose time is
+  # compiling (tiny).
+  c.eval.one_bucket = False
   c.eval.rope_scalings = ('pi', 'ntk', 'yarn')  # 'rope' models: also evaluated with each (rows rope+pi, …)
   c.eval.rope_scale_factor = 0.0  # eval.rope_scalings' factor s; 0 = longest eval / longest training sequence
 
@@ -280,7 +285,7 @@ def get_config(arg=None):
     c.task.train_max_length = 4
     c.train.update(batch_size=8, num_steps=5, warmup_steps=1, log_every=5, tensorboard=False,
                    steps_per_call=1)
-    c.eval.update(max_length=8, num_samples=4, batch_size=4, rope_scalings=())
+    c.eval.update(max_length=8, num_samples=4, batch_size=4, rope_scalings=(), one_bucket=True)
     c.study.seeds = (0,)
     c.study.variants = ml_collections.ConfigDict(entries.tiny_variants(VARIANTS))
     c.progress = False

@@ -12,9 +12,9 @@ under teacher forcing; exact match means the same for both. Writes
 results.csv, summary.md, extrapolation.png and attention_heatmap.png (Bahdanau
 weights on one copy example at L_train and at 4 × L_train). About 4 minutes on
 2 CPU cores; see the README for a real run. Presets as in configs/copy.py
-(`:task=reverse`, `:scale=tiny`: 5 steps for each of the three models, 130 s
-wall on the 2-core CPU shared with other jobs, load 5-8, nearly all of it
-compiling).
+(`:task=reverse`, `:scale=tiny`: 5 steps for each of the three models, 41 s
+of CPU time, 510 s wall on the 2-core CPU under load 13-20 from other jobs,
+nearly all of it compiling).
 """
 
 try:  # installed: the presets ship as attention_jax.configs

@@ -119,10 +119,16 @@ def trained_fields(config: ml_collections.ConfigDict) -> dict:
   return _normalized(fields)
 
 
+# Evaluation fields added later, at the value older code had: left out of
+# the record while at it, so existing runs are not evaluated again.
+EVALUATION_ADDED_LATER = {'eval.one_bucket': False}
+
+
 def evaluation_fields(config: ml_collections.ConfigDict) -> dict:
   """The fields that make a run's results given its model."""
   return _normalized({k: v for k, v in flatten(config.to_dict()).items()
-                      if _listed(k, EVALUATION)})
+                      if _listed(k, EVALUATION)
+                      and not (k in EVALUATION_ADDED_LATER and v == EVALUATION_ADDED_LATER[k])})
 
 
 def read_config(run_dir: str) -> Optional[ml_collections.ConfigDict]:

@@ -24,6 +24,7 @@ from attention_jax.lab import tasks
 from attention_jax.lab.evaluate import ambiguity
 from attention_jax.lab.evaluate import hard
 from attention_jax.lab.evaluate import hard_report
+from attention_jax.lab.evaluate import bucket_floor
 from attention_jax.lab.evaluate import eval_lengths
 from attention_jax.lab.plots import plot_extrapolation
 from attention_jax.lab.plots import plot_grid
@@ -62,7 +63,8 @@ def task_ceilings(config: ml_collections.ConfigDict, task_names: Sequence[str]) 
   e = config.eval
   return [row for name in task_names if tasks.get_task(name).ceiling
           for row in ambiguity.ceiling_rows(
-              tasks.get_task(name), eval_lengths(config), train_max=config.task.train_max_length,
+              tasks.get_task(name), eval_lengths(config),
+              train_max=bucket_floor(config, eval_lengths(config)),
               num_samples=e.num_samples, vocab_size=config.task.vocab_size, eval_seed=e.seed,
               batch_size=e.batch_size)]
 

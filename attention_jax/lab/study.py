@@ -25,6 +25,7 @@ from attention_jax.lab import identity
 from attention_jax.lab import locks
 from attention_jax.lab import one_study
 from attention_jax.lab import outputs
+from attention_jax.lab.evaluate import bucket_floor
 from attention_jax.lab.evaluate import eval_lengths
 from attention_jax.lab.evaluate import evaluate_models
 from attention_jax.lab.evaluate import hard
@@ -196,7 +197,7 @@ def _evaluate_grid(trained: list, configs: list, clock: Stopwatch) -> list:
                   if config.positions.randomized_eval == 'random' else 0)
   per_model = evaluate_grid(
       trained, models.configured_task(config), config.eval.grid,
-      train_max=config.task.train_max_length, num_samples=config.eval.grid_samples,
+      train_max=bucket_floor(config, config.eval.grid), num_samples=config.eval.grid_samples,
       vocab_size=config.task.vocab_size, eval_seed=config.eval.seed,
       batch_size=config.eval.batch_size, max_position=max_position,
       draw=config.positions.draw, clock=clock)
@@ -226,7 +227,7 @@ def _evaluate(trained: list, configs: list, clock: Stopwatch,
         scaled.enter_context(rope_scaled(model, scaling))
       per_model = evaluate_models(
           trained, models.configured_task(config), eval_lengths(config),
-          train_max=config.task.train_max_length, num_samples=config.eval.num_samples,
+          train_max=bucket_floor(config, eval_lengths(config)), num_samples=config.eval.num_samples,
           vocab_size=config.task.vocab_size, eval_seed=config.eval.seed,
           batch_size=config.eval.batch_size, max_position=max_position,
           draw=config.positions.draw, generate=generate, clock=clock)

@@ -36,6 +36,7 @@ from attention_jax.lab.errors import ConfigError
 from attention_jax.lab.train.loop import load_trained
 from attention_jax.nn import TransformerLM
 from attention_jax.nn.decoding import greedy_predictions
+from attention_jax.positional.abacus import abacus_ids
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +62,14 @@ class Trained:
   task: Any
   run_dir: str
 
+  def __post_init__(self):
+    # The lab proves its own evaluation's Abacus ids against the table at
+    # config time and builds models without the run-time check; inputs given
+    # by hand are not proven, and an id past the table under `jit` would be
+    # NaN logits (decoded as PAD), so a loaded run checks them.
+    if getattr(self.model, 'abacus', None) is not None:
+      self.model.abacus.check_ids = True
+
   def predict(self, *inputs, key: Optional[jax.Array] = None) -> Prediction:
     """The run's greedy answer to one input (module docstring). `key`
     (default `jax.random.key(0)`) draws what the evaluation draws beside the
@@ -84,6 +93,7 @@ class Trained:
     tokens, is_output, lengths = self.task.encode(
         *inputs, vocab_size=self.config.task.vocab_size, key=key)
     batch = dict(inputs=tokens[:, :-1], loss_mask=is_output[:, 1:])
+    self._check_abacus_range(batch, inputs)
     if self.task.coupled_max_position:  # offset 1, as the evaluation's
       batch['positions'] = self.task.coupled_positions(
           tokens, lengths, jnp.ones((1,), jnp.int32))[:, :-1]
@@ -92,6 +102,26 @@ class Trained:
       batch = tasks.with_random_positions(batch, jax.random.fold_in(key, 2), max_position,
                                           self.config.positions.draw)
     return batch
+
+  def _check_abacus_range(self, batch: dict, inputs: tuple) -> None:
+    """ValueError naming `inputs` when writing their answer would read an
+    Abacus id past the run's table: the tokens read up to the last output
+    slot, the output's placeholders digits (its longest form)."""
+    abacus = getattr(self.model, 'abacus', None)
+    if abacus is None:
+      return
+    last = int(np.flatnonzero(np.asarray(batch['loss_mask'][0]))[-1])
+    ids = abacus_ids(batch['inputs'][:, :last + 1], abacus.digit_tokens)
+    longest = int(jnp.max(ids))
+    if longest >= abacus.rows:
+      shown = ', '.join(f'{name}={v!r}' for name, v in zip('ab', inputs)) if len(inputs) == 2 \
+          else ', '.join(map(repr, inputs))
+      raise ValueError(
+          f'predict({shown}): its answer can have {longest} digits, and this run\'s Abacus '
+          f'table numbers digits 1 … {abacus.rows - 1} (model.abacus_embeddings={abacus.rows}, '
+          f'sized from eval.max_length={self.config.eval.max_length} and abacus_max_k='
+          f'{abacus.max_k}): a digit past it has no embedding. Give operands of at most '
+          f'{abacus.rows - 2} digits.')
 
   def generate(self, tokens: jax.Array, prompt_lengths: jax.Array,
                positions: Optional[jax.Array] = None) -> jax.Array:

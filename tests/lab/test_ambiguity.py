@@ -1,5 +1,6 @@
 """The task's own ceiling (k-gram ambiguity) and the sorting of failures."""
 
+import dataclasses
 import itertools
 
 import chex
@@ -10,6 +11,7 @@ from absl.testing import parameterized
 
 from attention_jax.lab import tasks
 from attention_jax.lab.evaluate import ambiguity
+from attention_jax.lab.evaluate import lengths as lengths_module
 from attention_jax.lab.evaluate.lengths import evaluation_strings
 
 B, S, E = tasks.BOS, tasks.SEP, tasks.EOS
@@ -68,6 +70,26 @@ class CeilingTest(chex.TestCase, parameterized.TestCase):
     # Shorter strings repeat less: the ceiling falls with length.
     at = {(r['length'], r['k']): r['unambiguous'] for r in rows}
     self.assertGreater(at[(3, 2)], at[(12, 2)])
+
+
+class EvaluationStringsTest(absltest.TestCase):
+
+  def test_the_strings_are_the_batches_make_batch_builds(self):
+    """Built in one compiled program per bucket: the same tokens as
+    `make_batch` called op by op, coupled positions included."""
+    for task, lengths in ((tasks.get_task('copy'), [3, 6]),
+                          (dataclasses.replace(tasks.get_task('addition'),
+                                               coupled_max_position=20), [2, 5])):
+      strings = evaluation_strings(task, lengths, train_max=4, num_samples=8, vocab_size=4,
+                                   batch_size=4)
+      for n in lengths:
+        bucket, = [b for b, ns in lengths_module.buckets(lengths, 4).items() if n in ns]
+        keys = lengths_module.evaluation_keys(12345, n, 2)
+        direct = [tasks.make_batch(task, k, task.fixed_lengths(n, 4), vocab_size=4,
+                                   max_input_length=bucket) for k in keys]
+        for name in strings[n]:
+          np.testing.assert_array_equal(
+              strings[n][name], np.concatenate([np.asarray(d[name]) for d in direct]))
 
 
 class FirstErrorsTest(chex.TestCase):

@@ -8,6 +8,8 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from attention_jax.lab import entries
+from attention_jax.lab import evaluate
+from attention_jax.lab import identity
 from attention_jax.lab import plan
 from attention_jax.lab import results
 from configs import addition as addition_config
@@ -37,6 +39,30 @@ class TinyPresetTest(parameterized.TestCase):
                                  'w': dict(train=dict(num_steps=3000))})
     self.assertEqual(out, {'v': dict(model=dict(num_layers=1), train=dict(learning_rate=0.1)),
                            'w': {}})
+
+
+class OneBucketTest(absltest.TestCase):
+
+  def test_tiny_evaluates_every_length_in_one_program(self):
+    for module in (copy_config, addition_config):
+      c = module.get_config('scale=tiny')
+      lengths = evaluate.eval_lengths(c)
+      self.assertGreater(max(lengths), c.task.train_max_length)  # past training, still one
+      self.assertEqual(list(evaluate.buckets(lengths, evaluate.bucket_floor(c, lengths))),
+                       [max(lengths)])
+      grid = c.eval.get('grid', ())
+      if grid:
+        self.assertEqual(len(evaluate.buckets(grid, evaluate.bucket_floor(c, grid))), 1)
+
+  def test_other_presets_keep_their_buckets_and_their_evaluation_record(self):
+    c = copy_config.get_config()
+    lengths = evaluate.eval_lengths(c)
+    self.assertEqual(evaluate.bucket_floor(c, lengths), c.task.train_max_length)
+    self.assertGreater(len(evaluate.buckets(lengths, evaluate.bucket_floor(c, lengths))), 1)
+    # Runs recorded before the field existed are not evaluated again.
+    self.assertNotIn('eval.one_bucket', identity.evaluation_fields(c))
+    c.eval.one_bucket = True
+    self.assertIn('eval.one_bucket', identity.evaluation_fields(c))
 
 
 class StepsColumnTest(absltest.TestCase):

@@ -38,6 +38,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from attention_jax.lab.tasks.batches import check_lengths
 from attention_jax.lab.tasks.spec import TaskSpec
 
 # How each randomized encoding draws (module docstring); others are refused.
@@ -74,6 +75,7 @@ def encoder_batch(task: TaskSpec, key: jax.Array, length, *, batch_size: int,
       output, or (terminated tasks) up to the first maximal class, as their
       `accuracy_mask` (`argmax(argmax(target, -1), -1)`).
   """
+  check_lengths(length, max_length)
   n = jnp.asarray(length, jnp.int32)
   x, y = task.sample(key, n, batch_size, max_length)
   slots_in, slots_out = sequence_shape(task, max_length)

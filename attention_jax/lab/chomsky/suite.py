@@ -42,6 +42,7 @@ import numpy as np
 from flax import nnx
 
 from attention_jax.lab import cluster
+from attention_jax.lab import eval_budget
 from attention_jax.lab import locks
 from attention_jax.lab.chomsky import hard as hard_set
 from attention_jax.lab.chomsky import layout
@@ -153,6 +154,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise ConfigError(f"invalid config: study.on_locked={study.on_locked!r}; choose 'refuse' "
                       "or 'wait'.")
   cluster.shard_of(config)
+  # An evaluation that cannot fit is refused now, not after every model trained.
+  eval_budget.check_encoder(config)
 
 
 def check_encoding(spec: str, config: ml_collections.ConfigDict) -> None:

@@ -1,5 +1,6 @@
 """Evaluation: accuracy per length with bucketed compilation."""
 
+from attention_jax.lab.evaluate.lengths import bucket_floor
 from attention_jax.lab.evaluate.lengths import buckets
 from attention_jax.lab.evaluate.lengths import default_eval_lengths
 from attention_jax.lab.evaluate.lengths import eval_lengths

@@ -16,6 +16,8 @@ from flax import nnx
 from attention_jax.lab import models
 from attention_jax.lab import tasks
 from attention_jax.lab.evaluate import ambiguity
+from attention_jax.lab.evaluate.lengths import bucket_floor
+from attention_jax.lab.evaluate.lengths import eval_lengths
 from attention_jax.lab.evaluate.lengths import evaluation_strings
 
 
@@ -59,7 +61,8 @@ def failure_rows(model: nnx.Module, config, lengths) -> list[dict]:
   max_position = (models.randomized_max_position(config)
                   if config.positions.randomized_eval == 'random' else 0)
   strings = evaluation_strings(
-      models.configured_task(config), lengths, train_max=config.task.train_max_length,
+      models.configured_task(config), lengths,
+      train_max=bucket_floor(config, eval_lengths(config)),
       num_samples=config.eval.num_samples, vocab_size=config.task.vocab_size,
       eval_seed=config.eval.seed, batch_size=config.eval.batch_size,
       max_position=max_position, draw=config.positions.draw)

@@ -57,6 +57,17 @@ def eval_lengths(config) -> list[int]:
       config.task.train_max_length, config.eval.max_length)
 
 
+def bucket_floor(config, lengths: Sequence[int]) -> int:
+  """The `train_max` that `buckets` gets for a config's `lengths`: the
+  training maximum, or with `eval.one_bucket` the longest length, so every
+  length shares one padded size and one compiled program (a tiny preset's
+  time is its compiles; padding does not change a copy-family result,
+  tests/lab/test_training.py, but it draws addition's operands anew)."""
+  if config.eval.get('one_bucket', False):
+    return max(lengths)
+  return config.task.train_max_length
+
+
 def buckets(lengths: Sequence[int], train_max: int) -> dict[int, list[int]]:
   """Maps each bucket size (max input length) to the lengths padded to it.
 
@@ -130,6 +141,22 @@ def evaluation_keys(eval_seed: int, n: int, num_batches: int) -> jax.Array:
   return jax.random.split(jax.random.fold_in(jax.random.key(eval_seed), n), num_batches)
 
 
+@functools.lru_cache(maxsize=PROGRAMS_KEPT)
+def _strings_program(task, bucket: int, batch_size: int, vocab_size: int, max_position: int,
+                     draw: str):
+  """`(key, n) -> batch`, jitted: `_metrics`' batch of length n (traced) in
+  `bucket`, one compilation per bucket rather than op by op per length."""
+
+  def build(key, n):
+    batch = tasks.make_batch(task, key, task.fixed_lengths(n, batch_size),
+                             vocab_size=vocab_size, max_input_length=bucket)
+    if max_position:  # as `_metrics` draws them
+      batch = tasks.with_random_positions(batch, jax.random.fold_in(key, 2), max_position, draw)
+    return batch
+
+  return jax.jit(build)
+
+
 def evaluation_strings(task: tasks.DecoderTask, lengths: Iterable[int], *, train_max: int,
                        num_samples: int, vocab_size: int, eval_seed: int = 12345,
                        batch_size: int = 256, max_position: int = 0,
@@ -143,15 +170,9 @@ def evaluation_strings(task: tasks.DecoderTask, lengths: Iterable[int], *, train
   num_batches = math.ceil(num_samples / batch_size)
   out = {}
   for bucket, bucket_lengths in buckets(sorted(lengths), train_max).items():
+    program = _strings_program(task, bucket, batch_size, vocab_size, max_position, draw)
     for n in bucket_lengths:
-      parts = []
-      for key in evaluation_keys(eval_seed, n, num_batches):
-        batch = tasks.make_batch(task, key, task.fixed_lengths(n, batch_size),
-                                 vocab_size=vocab_size, max_input_length=bucket)
-        if max_position:  # as `_metrics` draws them
-          batch = tasks.with_random_positions(batch, jax.random.fold_in(key, 2), max_position,
-                                              draw)
-        parts.append(batch)
+      parts = [program(key, jnp.int32(n)) for key in evaluation_keys(eval_seed, n, num_batches)]
       out[n] = {k: np.concatenate([np.asarray(p[k]) for p in parts])
                 for k in parts[0] if k != 'lengths'}
   return out

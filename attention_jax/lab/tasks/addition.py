@@ -49,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attention_jax.lab.tasks.batches import BOS, EOS, NUM_SPECIAL, PAD, SEP
+from attention_jax.lab.tasks.batches import check_lengths
 
 DIGIT0 = NUM_SPECIAL  # digit d is token DIGIT0 + d
 PLUS = NUM_SPECIAL + 10
@@ -152,6 +153,7 @@ class Addition:
     """`BOS a + b = s EOS PAD …` int32 `[B, sequence_length]` and its output
     tokens (s and EOS), bool, same shape. `vocab_size` is unused (decimal)."""
     del vocab_size
+    check_lengths(lengths, max_length)
     return self._layout(*self.numbers(key, lengths, max_length), key, max_length)
 
   def _layout(self, a, b, s, la, lb, ls, key, max_length: int):

@@ -27,7 +27,9 @@ from attention_jax.lab.tasks.batches import EOS
 from attention_jax.lab.tasks.batches import NUM_SPECIAL
 from attention_jax.lab.tasks.batches import PAD
 from attention_jax.lab.tasks.batches import SEP
+from attention_jax.lab.tasks.batches import check_lengths
 from attention_jax.lab.tasks.batches import sample_lengths
+from attention_jax.lab.tasks.input_forms import check_input
 from attention_jax.lab.tasks.spec import TaskSpec
 
 
@@ -87,6 +89,7 @@ class DecoderTask:
   def example(self, key, lengths, vocab_size: int, max_length: int):
     """`BOS x SEP y EOS PAD …` int32 `[B, sequence_length]`, and its output
     tokens (y and EOS), bool, same shape."""
+    check_lengths(lengths, max_length)
     return self._layout(*self.symbols(key, lengths, vocab_size, max_length), max_length)
 
   def _layout(self, x, y, nx, ny, max_length: int):
@@ -108,10 +111,13 @@ class DecoderTask:
     [0, input_size)), laid out as `example` lays out a drawn one, with
     placeholders in the output slots (a decoder writes them itself): int32
     tokens and bool output slots `[1, T]`, and its length `[1]`. `key` is
-    unused: nothing but the input is drawn."""
+    unused: nothing but the input is drawn. Symbols that are no input of the
+    task (`input_forms`: an operator inside an operand, an empty operand)
+    are a ValueError naming the place."""
     del key
     spec = self.spec.with_alphabet(vocab_size)
     x = _symbols(inputs, spec.input_size, f'{self.name} input')
+    check_input(self.name, x)
     n = next((n for n in range(1, len(x) + 1) if int(spec.input_length(n)) == len(x)), None)
     if n is None:
       takes = sorted({int(spec.input_length(k)) for k in range(1, len(x) + 2)})
