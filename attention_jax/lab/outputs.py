@@ -8,7 +8,6 @@ the models were evaluated on (`evaluate.ambiguity`): per task, length and k,
 the fraction of strings a k-gram lookup can copy at all.
 """
 
-import glob
 import os
 from typing import Optional, Sequence
 
@@ -16,7 +15,6 @@ import ml_collections
 
 from attention_jax.lab.evaluate import grid
 from attention_jax.lab import identity
-from attention_jax.lab import models
 from attention_jax.lab import one_study
 from attention_jax.lab import plan
 from attention_jax.lab import results
