@@ -133,7 +133,7 @@ def run_diagnostics(config: Optional[ml_collections.ConfigDict], workdir: str, *
       raise_if_stopped('while drawing the attention maps (nothing to resume: run it again)')
       curves[run_label(c)] = _draw(c, load_trained(c, run_dir), workdir, task, train_max,
                                    long, num_examples, log)
-    failures = _failures(config, workdir, runs, run_dirs, log)
+    _failures(config, workdir, runs, run_dirs, log)
   plot_entropy(curves, os.path.join(workdir, 'attention_entropy.png'),
                train_tokens=train_tokens,
                title=f'{task.name}: attention entropy at input length {long} '

@@ -154,7 +154,7 @@ def summary(combined, task_names, encodings, config) -> str:
   lost = [f'{name} × {enc}{_lost(s)}' for (name, enc), s in combined.items() if s['diverged']]
   lines = [
       '# DeepMind length-generalization suite: the encoder protocol', '',
-      *([f'**Diverged runs** (training loss NaN or infinite), left out of every max and mean: '
+      *(['**Diverged runs** (training loss NaN or infinite), left out of every max and mean: '
          + '; '.join(lost) + '.', ''] if lost else []),
       f'Trained on lengths {t.min_length}–{t.max_length} ({t.num_steps:,} steps, batch '
       f'{t.batch_size}, {config.model.num_layers} layer{"s" * (config.model.num_layers != 1)}, '
