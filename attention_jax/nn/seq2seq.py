@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from attention_jax.nn.additive import AdditiveAttention
-from attention_jax.nn.transformer import linear
+from attention_jax.nn.layers import linear
 from attention_jax.positional.parameters import EMBED
 from attention_jax.positional.parameters import MLP
 from attention_jax.positional.parameters import VOCAB
