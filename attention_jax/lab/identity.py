@@ -61,7 +61,7 @@ EXTENSIONS = 'extensions.json'
 # did), so an upgrade does not turn finished runs into mismatches.
 ADDED_LATER = {'model.normalization': 'softmax', 'model.stick_breaking_attend_current': False,
                'model.scalable_softmax': 0.0, 'model.encoding_options.hard_alibi.offsets': (),
-               'model.variant': ''}
+               'model.variant': '', 'model.encoding_layers': None}
 
 
 class RunMismatch(ConfigError):

@@ -72,6 +72,33 @@ def configured_task(config: ml_collections.ConfigDict) -> tasks.DecoderTask:
                              abacus_max_k=abacus_max_k(config))
 
 
+def evaluation_tasks(config: ml_collections.ConfigDict) -> list:
+  """The tasks a trained model is scored on: `configured_task`, then each
+  of `eval.tasks` not already it (tasks of the same tokens, e.g.
+  flip-flop's sparse and dense distributions beside its training one),
+  configured from the same `task` group, with the same data options; each
+  scores its rows under its own name. A ValueError names one that is
+  unknown or whose tokens differ from the model's."""
+  first = configured_task(config)
+  out = [first]
+  for name in tuple(config.eval.get('tasks', ()) or ()):
+    if name in [t.name for t in out]:
+      continue
+    other = tasks.get_task(name).configure(config.task)
+    vocab = config.task.vocab_size
+    if (other.num_symbols(vocab) != first.num_symbols(vocab)
+        or other.sequence_length(config.eval.max_length)
+        != first.sequence_length(config.eval.max_length)):
+      raise ValueError(f'eval.tasks has {name!r}, whose tokens or sequence lengths differ '
+                       f'from those of task {first.name!r} the model is trained on; list '
+                       'tasks of the same layout (e.g. flipflop_sparse, flipflop_dense for '
+                       'flipflop).')
+    out.append(dataclasses.replace(other, pack=first.pack,
+                                   coupled_max_position=first.coupled_max_position,
+                                   abacus_max_k=first.abacus_max_k))
+  return out
+
+
 def uses_abacus(config: ml_collections.ConfigDict) -> bool:
   """Whether the model adds Abacus embeddings (McLeish et al. 2024; `model.abacus`)."""
   return config.model.kind == 'transformer' and bool(config.model.get('abacus', False))
@@ -179,6 +206,14 @@ def normalization(config: ml_collections.ConfigDict) -> Normalization:
   return StickBreaking(attend_current=m.get('stick_breaking_attend_current', False))
 
 
+def encoding_layers(config: ml_collections.ConfigDict):
+  """`model.encoding_layers` as `TransformerLM` takes it: None (absent or
+  None: every layer), a pattern string ('rope/64,none', `nn.layer_pattern`)
+  or a tuple of layer indices."""
+  layers = config.model.get('encoding_layers')
+  return layers if layers is None or isinstance(layers, str) else tuple(layers)
+
+
 def build_model(config: ml_collections.ConfigDict, seed: int) -> nnx.Module:
   """The model `config.model.kind` names, parameters drawn from `seed`."""
   m = config.model
@@ -198,6 +233,7 @@ def build_model(config: ml_collections.ConfigDict, seed: int) -> nnx.Module:
       implementation=m.attention_implementation,
       scalable_softmax=m.scalable_softmax or None, normalization=normalization(config),
       encoding_options=encoding_options(config), rngs=nnx.Rngs(params=seed),
+      encoding_layers=encoding_layers(config),
       # Abacus ids: validated against the table before compiling (task_checks).
       abacus=dict(digit_tokens=task.digit_tokens, rows=abacus_embeddings(config),
                   max_k=abacus_max_k(config), check_ids=False) if uses_abacus(config) else None)

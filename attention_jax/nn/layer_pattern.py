@@ -17,8 +17,10 @@ Three forms:
   encoding in every fourth (Cohere's RNoPE-SWA, Yang et al. 2025, arXiv
   2501.18795; SWAN-GPT, Puvvada et al. 2025, arXiv 2504.08719).
 
-A pattern's length must divide `num_layers`, so "every k-th layer" means
-the same layers however deep the model is.
+A pattern repeats over the layers, layer i taking spec i mod its length
+(cut after the last layer, as Gemma's and Hugging Face's sliding-window
+patterns), so a k-spec pattern ending in a global layer makes every k-th
+layer global however deep the model is; it may not be longer than the model.
 """
 
 from typing import NamedTuple, Optional
@@ -86,11 +88,10 @@ def _pattern(pattern: str, num_layers: int, encoding: str,
     raise ValueError(f"{where}: a pattern is comma-separated NAME or NAME/WINDOW specs, one "
                      "per layer (e.g. 'rope/64,rope/64,rope/64,none'); an empty spec is not one.")
   specs = tuple(_spec(p, where, sliding_window) for p in parts)
-  if num_layers % len(specs):
-    raise ValueError(f'{where} has {len(specs)} specs, which does not divide num_layers='
-                     f'{num_layers}; give one spec per layer, or a pattern whose length divides '
-                     'the number of layers (it repeats).')
-  specs = specs * (num_layers // len(specs))
+  if len(specs) > num_layers:
+    raise ValueError(f'{where} has {len(specs)} specs, more than num_layers={num_layers}: '
+                     'give at most one spec per layer (a shorter pattern repeats).')
+  specs = tuple(specs[i % len(specs)] for i in range(num_layers))
   names = [s.encoding for s in specs if s.encoding is not None]
   if names and encoding != names[0]:
     raise ValueError(f'{where} with encoding={encoding!r}: the model\'s encoding is its first '

@@ -53,6 +53,11 @@ class LayerPatternTest(chex.TestCase, parameterized.TestCase):
     # RoPE has no per-layer parameters: one module, shared, the model's.
     self.assertIs(model.blocks[5].attention.encoding, model.encoding)
 
+  def test_a_pattern_repeats_and_is_cut_after_the_last_layer(self):
+    model = _lm(num_layers=6, encoding_layers=RNOPE_SWA)
+    self.assertEqual(model.encoding_layers, (0, 1, 2, 4, 5))
+    self.assertEqual(model.layer_specs[3], (None, None))
+
   def test_pattern_equals_the_hand_built_model(self):
     model, tokens = _lm(encoding_layers='rope/3,none'), _tokens()
     layers = [('rope', 3), (None, None)] * 2
@@ -96,7 +101,8 @@ class LayerPatternTest(chex.TestCase, parameterized.TestCase):
       ('word_window', 'rope/w,none', r"window in 'rope/w' must be an integer >= 1"),
       ('empty_spec', 'rope,,none', 'an empty spec is not one'),
       ('empty', '', 'an empty spec is not one'),
-      ('does_not_divide', 'rope,rope,none', r'has 3 specs, which does not divide num_layers=4'),
+      ('longer_than_the_model', 'rope,rope,rope,rope,none',
+       r'has 5 specs, more than num_layers=4'),
       ('other_encoding', 'alibi/3,none', r"the model's encoding is its first encoded layer's, "
                                          r"'alibi'; pass encoding='alibi'"),
   )
