@@ -6,9 +6,9 @@ and at lengths past training, every frontier entry on the same data.
       --workdir=runs/flipflop
 
 It trains the entries of STUDIES['default'] below × seeds 0, 1, 2 on
-sequences of 32 instructions (w: write a bit, r: read the last written bit,
+sequences of 16 instructions (w: write a bit, r: read the last written bit,
 i: ignore; attention_jax/lab/tasks/flipflop.py), the loss on the read bits
-only, and scores every model on 32, 64 and 128 instructions (1×, 2×, 4×)
+only, and scores every model on 16, 32 and 64 instructions (1×, 2×, 4×)
 drawn from each of the three distributions: results.csv has one row per
 (task, entry, seed, length), the task 'flipflop' (in distribution),
 'flipflop_sparse' or 'flipflop_dense'; summary.md a table per task (token
@@ -69,18 +69,18 @@ def get_config(arg=None):
   c.task.p_ignore = 0.8  # the training distribution FFL(0.8): i 80%, w and r 10% each
   # Instructions per training sequence: every sequence this long, as the
   # paper's (256 there; 2 tokens each, BOS first).
-  c.task.train_min_length = 32
-  c.task.train_max_length = 32
+  c.task.train_min_length = 16
+  c.task.train_max_length = 16
   c.task.pack = 1
 
   c.model.encoding = 'rope'
   c.train.num_steps = 1000
-  c.eval.max_length = 128  # instructions (4 × training)
-  c.eval.lengths = (32, 64, 128)
+  c.eval.max_length = 64  # instructions (4 × training)
+  c.eval.lengths = (16, 32, 64)
   # The same models scored on the paper's sparse and dense distributions, rows
   # under these task names.
   c.eval.tasks = ('flipflop_sparse', 'flipflop_dense')
-  c.eval.num_samples = 512  # sequences per (task, length)
+  c.eval.num_samples = 256  # sequences per (task, length)
   c.eval.batch_size = 256
   # Teacher forcing only: a read bit is predicted from the true prefix, as the
   # paper scores it (greedy generation would write the random instructions too).

@@ -117,6 +117,14 @@ class FlipFlopTaskTest(chex.TestCase, parameterized.TestCase):
     found = {t.name: t.p_ignore for t in models.evaluation_tasks(c)}
     self.assertEqual(found, {'flipflop': 0.5, 'flipflop_sparse': 0.98, 'flipflop_dense': 0.1})
 
+  def test_one_runs_table_has_a_block_per_task_scored(self):
+    rows = [dict(task=t, encoding='rope', seed=0, length=n, token_accuracy=1.0, exact_match=1.0)
+            for t in ('flipflop', 'flipflop_sparse') for n in (4, 8)]
+    blocks = results.run_table(rows).split('\n\n')
+    self.assertEqual([b.splitlines()[0] for b in blocks],
+                     ['rope (flipflop, seed 0):', 'rope (flipflop_sparse, seed 0):'])
+    self.assertEqual([len(b.splitlines()) for b in blocks], [4, 4])
+
   def test_hybrid_entry_builds_its_layer_pattern(self):
     c = flipflop_config.get_config('encoding=rnope_swa')
     self.assertEqual([tuple(s) for s in models.build_model(c, 0).layer_specs],
