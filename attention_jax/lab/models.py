@@ -22,8 +22,11 @@ from attention_jax.lab import tasks
 from attention_jax.nn.seq2seq import Seq2Seq
 from attention_jax.nn.transformer import TransformerLM
 from attention_jax.nn.decoding import greedy_predictions
+from attention_jax.nn.layer_pattern import layer_specs
 from attention_jax.positional import ENCODINGS
 from attention_jax.positional import parse_encoding_spec
+from attention_jax.positional.base import ATTENTION_HOOKS
+from attention_jax.positional.base import hooks_of
 
 MODEL_KINDS = ('transformer', 'seq2seq', 'seq2seq_attention')
 
@@ -212,6 +215,21 @@ def encoding_layers(config: ml_collections.ConfigDict):
   or a tuple of layer indices."""
   layers = config.model.get('encoding_layers')
   return layers if layers is None or isinstance(layers, str) else tuple(layers)
+
+
+def layer_refusal(config: ml_collections.ConfigDict):
+  """A line naming a bad `model.encoding_layers` for this config's model
+  (`nn.layer_pattern`), or None: checked before anything trains."""
+  if config.model.kind != 'transformer':
+    return None
+  name = encoding_name(config)
+  try:
+    layer_specs(encoding_layers(config), num_layers=config.model.num_layers, encoding=name,
+                in_attention=bool(hooks_of(ENCODINGS[name]) & ATTENTION_HOOKS),
+                sliding_window=config.model.sliding_window or None)
+  except (TypeError, ValueError) as e:
+    return f'model.{e}'
+  return None
 
 
 def build_model(config: ml_collections.ConfigDict, seed: int) -> nnx.Module:

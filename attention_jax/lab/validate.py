@@ -19,6 +19,7 @@ from attention_jax.attention import Request
 from attention_jax.attention import select_implementation
 from attention_jax.attention.scores import as_terms
 from attention_jax.lab import eval_budget
+from attention_jax.lab import models
 from attention_jax.lab import tasks
 from attention_jax.lab.cluster import check_shard
 from attention_jax.lab.errors import ConfigError
@@ -300,7 +301,7 @@ def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -
   _check_normalization(m)  # before kernel_refusal, which asks the table about it
   for spec, asked in specs:
     refusal = (kernel_refusal(asked, spec) or position_refusal(asked, spec, task_names)
-               or entry_refusal(asked, task_names))
+               or entry_refusal(asked, task_names) or models.layer_refusal(asked))
     _require(refusal is None, refusal)
   encodings = {name for name, _ in parsed}
   randomized = any(r for _, r in parsed)

@@ -103,6 +103,8 @@ class FlipFlopTaskTest(chex.TestCase, parameterized.TestCase):
       ('one_instruction', 'task.train_min_length', 1, r'task.train_min_length=1: a flip-flop'),
       ('other_layout', 'eval.tasks', ('copy',), r"eval.tasks has 'copy', whose tokens"),
       ('unknown', 'eval.tasks', ('flipflap',), r"unknown task 'flipflap'"),
+      ('layer_pattern', 'model.encoding_layers', 'rope/0,none',
+       r"model.encoding_layers='rope/0,none': the window in 'rope/0' must be an integer"),
   )
   def test_bad_options_are_refused_naming_them(self, field, value, message):
     c = flipflop_config.get_config('scale=tiny')
