@@ -64,6 +64,13 @@ from attention_jax.lab.entries import entry_config
 #   its last five tokens in order, and a fifth, NoPE head looks them up, with
 #   scalable softmax; it matches four tokens in one dot product, so its head
 #   is wide (d_model 160, 5 heads).
+# * rnope_swa: the hybrid of the 2025 long-context models (Cohere's RNoPE-SWA,
+#   Yang et al. 2025, arXiv 2501.18795; SWAN-GPT, arXiv 2504.08719): RoPE over a
+#   sliding window of the 4 latest tokens in one layer, global attention without
+#   an encoding (NoPE) in the other (their models have three windowed layers per
+#   global one; our two layers hold one of each). One entry: the pattern is
+#   model.encoding_layers (attention_jax/nn/layer_pattern.py).
+_RNOPE_SWA = dict(encoding='rope', encoding_layers='rope/4,none')
 _MTA_LOOKUP = dict(encoding='mta', num_layers=1, encoding_options=dict(
     mta=dict(query_kernel_size=6, key_kernel_size=6, pad_key='left')))
 _NGRAM_LOOKUP = dict(encoding='hard_alibi', num_heads=5, d_model=160, mlp_dim=640,
@@ -72,6 +79,7 @@ _NGRAM_LOOKUP = dict(encoding='hard_alibi', num_heads=5, d_model=160, mlp_dim=64
 VARIANTS = {
     'mta_lookup': dict(model=_MTA_LOOKUP, train=dict(num_steps=3000)),
     'ngram_lookup': dict(model=_NGRAM_LOOKUP, train=dict(learning_rate=1e-3)),
+    'rnope_swa': dict(model=_RNOPE_SWA),
 }
 
 # The lesson's four encodings and NoPE, then the best of each kind: told where
@@ -80,8 +88,11 @@ VARIANTS = {
 DEFAULT = ('none', 'sinusoidal', 'learned', 'rope', 'alibi', 'fire', 'windowed_rope:coupled',
            'mta_lookup')
 # The 2024-25 methods: FIRE, CoPE, xPos, p-RoPE, forgetting attention, DAPE,
-# and stick-breaking attention with no encoding (as its paper trains it).
-FRONTIER = ('fire', 'cope', 'xpos', 'p_rope', 'fox', 'dape', 'none:stick_breaking')
+# stick-breaking attention with no encoding (as its paper trains it), PaTH
+# and PaTH-FoX (data-dependent Householder transforms, Yang et al. 2025) and
+# the RNoPE-SWA hybrid (rnope_swa above).
+FRONTIER = ('fire', 'cope', 'xpos', 'p_rope', 'fox', 'dape', 'none:stick_breaking', 'path',
+            'path_fox', 'rnope_swa')
 # The default's entries and the windowed recipes beside them (Hard-ALiBi, our
 # learned window), forgetting attention (a data-dependent ALiBi) and coupled
 # ids without the window.
@@ -171,6 +182,10 @@ def get_config(arg=None):
   c.model.max_positions = 0  # positions covered (learned table); 0 = the longest eval sequence
   c.model.num_kv_heads = 0  # key/value heads (grouped-query; 1 = multi-query); 0 = num_heads
   c.model.sliding_window = 0  # attend to this many latest tokens only (local attention); 0 = all
+  # Which layers have the encoding, and each layer's window: None = every layer;
+  # layer indices, e.g. (0,); or a pattern of NAME or NAME/WINDOW per layer,
+  # repeated ('rope/4,none': RNoPE-SWA; attention_jax/nn/layer_pattern.py).
+  c.model.encoding_layers = None
   c.model.attention_implementation = 'auto'  # dense | chunked | cudnn | auto (chunked for long evals)
   # Scalable softmax (Nakanishi 2025): logits × s_h·log(n), n = keys a query sees,
   # s_h learned per head starting here; 0 = plain softmax. Any encoding.
@@ -288,6 +303,7 @@ def get_config(arg=None):
     c.eval.update(max_length=8, num_samples=4, batch_size=4, rope_scalings=(), one_bucket=True)
     c.study.seeds = (0,)
     c.study.variants = ml_collections.ConfigDict(entries.tiny_variants(VARIANTS))
+    c.study.variants.rnope_swa.model.num_layers = 2  # a hybrid needs a layer of each kind
     c.progress = False
   if preset['study'] == 'generalize' and preset['scale'] == 'cpu':
     c.eval.lengths = (1, 2, 4, 8, 10, 16, 32, 64)  # the checkpoints that matter, not every length

@@ -22,8 +22,11 @@ from attention_jax.lab import tasks
 from attention_jax.nn.seq2seq import Seq2Seq
 from attention_jax.nn.transformer import TransformerLM
 from attention_jax.nn.decoding import greedy_predictions
+from attention_jax.nn.layer_pattern import layer_specs
 from attention_jax.positional import ENCODINGS
 from attention_jax.positional import parse_encoding_spec
+from attention_jax.positional.base import ATTENTION_HOOKS
+from attention_jax.positional.base import hooks_of
 
 MODEL_KINDS = ('transformer', 'seq2seq', 'seq2seq_attention')
 # model.dtype / model.param_dtype. float16 is refused: without loss scaling its
@@ -98,6 +101,33 @@ def configured_task(config: ml_collections.ConfigDict) -> tasks.DecoderTask:
                              pack_segments=segments if transformer else 0,
                              coupled_max_position=max_position,
                              abacus_max_k=abacus_max_k(config))
+
+
+def evaluation_tasks(config: ml_collections.ConfigDict) -> list:
+  """The tasks a trained model is scored on: `configured_task`, then each
+  of `eval.tasks` not already it (tasks of the same tokens, e.g.
+  flip-flop's sparse and dense distributions beside its training one),
+  configured from the same `task` group, with the same data options; each
+  scores its rows under its own name. A ValueError names one that is
+  unknown or whose tokens differ from the model's."""
+  first = configured_task(config)
+  out = [first]
+  for name in tuple(config.eval.get('tasks', ()) or ()):
+    if name in [t.name for t in out]:
+      continue
+    other = tasks.get_task(name).configure(config.task)
+    vocab = config.task.vocab_size
+    if (other.num_symbols(vocab) != first.num_symbols(vocab)
+        or other.sequence_length(config.eval.max_length)
+        != first.sequence_length(config.eval.max_length)):
+      raise ValueError(f'eval.tasks has {name!r}, whose tokens or sequence lengths differ '
+                       f'from those of task {first.name!r} the model is trained on; list '
+                       'tasks of the same layout (e.g. flipflop_sparse, flipflop_dense for '
+                       'flipflop).')
+    out.append(dataclasses.replace(other, pack=first.pack,
+                                   coupled_max_position=first.coupled_max_position,
+                                   abacus_max_k=first.abacus_max_k))
+  return out
 
 
 def uses_abacus(config: ml_collections.ConfigDict) -> bool:
@@ -223,6 +253,29 @@ def normalization(config: ml_collections.ConfigDict) -> Normalization:
   return StickBreaking(attend_current=m.get('stick_breaking_attend_current', False))
 
 
+def encoding_layers(config: ml_collections.ConfigDict):
+  """`model.encoding_layers` as `TransformerLM` takes it: None (absent or
+  None: every layer), a pattern string ('rope/64,none', `nn.layer_pattern`)
+  or a tuple of layer indices."""
+  layers = config.model.get('encoding_layers')
+  return layers if layers is None or isinstance(layers, str) else tuple(layers)
+
+
+def layer_refusal(config: ml_collections.ConfigDict):
+  """A line naming a bad `model.encoding_layers` for this config's model
+  (`nn.layer_pattern`), or None: checked before anything trains."""
+  if config.model.kind != 'transformer':
+    return None
+  name = encoding_name(config)
+  try:
+    layer_specs(encoding_layers(config), num_layers=config.model.num_layers, encoding=name,
+                in_attention=bool(hooks_of(ENCODINGS[name]) & ATTENTION_HOOKS),
+                sliding_window=config.model.sliding_window or None)
+  except (TypeError, ValueError) as e:
+    return f'model.{e}'
+  return None
+
+
 def build_model(config: ml_collections.ConfigDict, seed: int) -> nnx.Module:
   """The model `config.model.kind` names, parameters drawn from `seed`."""
   m = config.model
@@ -243,6 +296,7 @@ def build_model(config: ml_collections.ConfigDict, seed: int) -> nnx.Module:
       scalable_softmax=m.scalable_softmax or None, normalization=normalization(config),
       encoding_options=encoding_options(config), rngs=nnx.Rngs(params=seed),
       **precision(config),
+      encoding_layers=encoding_layers(config),
       # Abacus ids: validated against the table before compiling (task_checks).
       abacus=dict(digit_tokens=task.digit_tokens, rows=abacus_embeddings(config),
                   max_k=abacus_max_k(config), check_ids=False) if uses_abacus(config) else None)

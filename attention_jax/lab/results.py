@@ -72,14 +72,16 @@ def read_rows(path: str) -> list[dict]:
 
 def run_table(rows: Sequence[dict]) -> str:
   """One run's rows as the text `experiments.train` prints: a table per
-  evaluated variant (the encoding, then e.g. rope+pi, rope+yarn), each
-  headed by its label as results.csv's encoding column writes it."""
+  evaluated variant (the encoding, then e.g. rope+pi, rope+yarn) and task
+  scored (`eval.tasks`), each headed by its label as results.csv's encoding
+  column writes it."""
   blocks = []
-  for label in dict.fromkeys(r['encoding'] for r in rows):
-    lines = [f"{label} ({rows[0]['task']}, seed {rows[0]['seed']}):",
+  for label, task in dict.fromkeys((r['encoding'], r['task']) for r in rows):
+    lines = [f"{label} ({task}, seed {rows[0]['seed']}):",
              f"{'length':>8} {'token acc':>10} {'exact':>8}"]
     lines += [f"{r['length']:>8} {100 * r['token_accuracy']:>9.1f}% "
-              f"{100 * r['exact_match']:>7.1f}%" for r in rows if r['encoding'] == label]
+              f"{100 * r['exact_match']:>7.1f}%" for r in rows
+              if (r['encoding'], r['task']) == (label, task)]
     blocks.append('\n'.join(lines))
   return '\n\n'.join(blocks)
 

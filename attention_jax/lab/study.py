@@ -222,21 +222,24 @@ def _evaluate(trained: list, configs: list, clock: Stopwatch,
     # Generation checks the model's cached decoding path, which RoPE
     # scaling does not change: once per model is enough.
     generate = config.eval.generate and is_transformer and scaling is None
-    with contextlib.ExitStack() as scaled:
-      for model in trained:
-        scaled.enter_context(rope_scaled(model, scaling))
-      per_model = evaluate_models(
-          trained, models.configured_task(config), eval_lengths(config),
-          train_max=bucket_floor(config, eval_lengths(config)), num_samples=config.eval.num_samples,
-          vocab_size=config.task.vocab_size, eval_seed=config.eval.seed,
-          batch_size=config.eval.batch_size, max_position=max_position,
-          draw=config.positions.draw, generate=generate, clock=clock)
+    # The task trained on, then `eval.tasks` (each row under its task's name).
+    for task in models.evaluation_tasks(config):
+      with contextlib.ExitStack() as scaled:
+        for model in trained:
+          scaled.enter_context(rope_scaled(model, scaling))
+        per_model = evaluate_models(
+            trained, task, eval_lengths(config),
+            train_max=bucket_floor(config, eval_lengths(config)),
+            num_samples=config.eval.num_samples,
+            vocab_size=config.task.vocab_size, eval_seed=config.eval.seed,
+            batch_size=config.eval.batch_size, max_position=max_position,
+            draw=config.positions.draw, generate=generate, clock=clock)
+      for model_rows, c, digest, per_length in zip(rows, configs, digests, per_model):
+        model_rows += [dict(task=task.name, encoding=label, seed=c.train.seed,
+                            config_hash=digest, version=attention_jax.__version__,
+                            num_steps=c.train.num_steps, **r)
+                       for r in per_length]
     timings[label + (' (with generation)' if generate else '')] = time.perf_counter() - start
-    for model_rows, c, digest, per_length in zip(rows, configs, digests, per_model):
-      model_rows += [dict(task=c.task.name, encoding=label, seed=c.train.seed,
-                          config_hash=digest, version=attention_jax.__version__,
-                          num_steps=c.train.num_steps, **r)
-                     for r in per_length]
   return rows, timings
 
 
@@ -396,7 +399,8 @@ def _log_run(log, prefix, run, run_rows, workdir, start) -> None:
   with open(os.path.join(run.directory, 'run.json')) as f:
     info = json.load(f)
   c = run.config
-  own = [r for r in run_rows if r['encoding'] == run.label]  # not rope+…
+  # Not rope+…, nor the rows of other tasks scored on the model (eval.tasks).
+  own = [r for r in run_rows if r['encoding'] == run.label and r['task'] == run.task]
   in_range = [r['token_accuracy'] for r in own if r['length'] <= c.task.train_max_length]
   where = '' if run.directory == os.path.join(workdir, run.place) else f' ({run.directory})'
   if own and own[0].get('diverged_at') is not None:

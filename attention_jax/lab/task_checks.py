@@ -41,6 +41,10 @@ def task_refusal(config: ml_collections.ConfigDict, task_names: Sequence[str],
               f'1 … eval.max_length={c.eval.max_length}.')
     if grid and (c.eval.get('grid_samples', 0) or 0) < 1:
       return f"eval.grid_samples={c.eval.get('grid_samples')!r} must be >= 1."
+    try:
+      models.evaluation_tasks(c)
+    except ValueError as e:
+      return f'task {name!r}: {e}'
   return None
 
 

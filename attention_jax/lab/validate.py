@@ -310,7 +310,7 @@ def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -
   _check_normalization(m)  # before kernel_refusal, which asks the table about it
   for spec, asked in specs:
     refusal = (kernel_refusal(asked, spec) or position_refusal(asked, spec, task_names)
-               or entry_refusal(asked, task_names))
+               or entry_refusal(asked, task_names) or models.layer_refusal(asked))
     _require(refusal is None, refusal)
     _config_check(models.pack_segments, asked)  # an entry may add Abacus
   encodings = {name for name, _ in parsed}

@@ -43,8 +43,8 @@ from attention_jax.nn.attention import MultiHeadAttention
 from attention_jax.nn.sharding import BATCH_LENGTH_EMBED
 from attention_jax.nn.sharding import BATCH_LENGTH_MLP
 from attention_jax.nn.sharding import constrain
-from attention_jax.nn.transformer import layer_norm
-from attention_jax.nn.transformer import linear
+from attention_jax.nn.layers import layer_norm
+from attention_jax.nn.layers import linear
 from attention_jax.positional import make_encoding
 from attention_jax.positional.base import haiku_truncated_normal
 from attention_jax.positional.parameters import EMBED

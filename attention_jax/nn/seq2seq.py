@@ -21,7 +21,7 @@ from attention_jax.attention.checks import check_count
 from attention_jax.nn.arguments import check_constructor
 from attention_jax.nn.additive import SCORES
 from attention_jax.nn.additive import AdditiveAttention
-from attention_jax.nn.transformer import linear
+from attention_jax.nn.layers import linear
 from attention_jax.positional.parameters import EMBED
 from attention_jax.positional.parameters import MLP
 from attention_jax.positional.parameters import VOCAB

@@ -14,7 +14,10 @@ give every layer its own) or the caller asks for it (`encoding_per_layer`).
 By default every layer's attention uses it; `encoding_layers` names the
 layers that do (the official Multi-Token Attention models convolve in a few:
 facebookresearch/RAM projects/mta, `mta_layers` "2,6,10,14,18" of 20 layers
-at 300M, "2,6,10,14,18,22" of 24 above), the others attending without one.
+at 300M, "2,6,10,14,18,22" of 24 above), the others attending without one,
+or is a per-layer pattern of encodings and windows (`nn.layer_pattern`:
+'rope/512,rope/512,rope/512,none' is RNoPE-SWA, RoPE in sliding windows
+and a global NoPE layer every fourth). The blocks are in `nn.layers`.
 
 Where the parameters live (paths in `nnx.state(model)`): `embed`, `blocks.<i>`
 (`attention` with its `W_Q` … `W_O`, `attention_norm`, `mlp_norm`, `mlp_in`,
@@ -48,7 +51,7 @@ cache protocol: `init_cache(batch_size, cache_size) -> cache` and
 cache)`.
 """
 
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
@@ -56,17 +59,19 @@ import numpy as np
 from flax import nnx
 
 from attention_jax.nn.arguments import check_constructor
-from attention_jax.nn.arguments import resolve_deterministic
 from attention_jax.attention.normalization import Normalization
 from attention_jax.attention.segments import check_segment_ids
 from attention_jax.attention.segments import padding_ids
 from attention_jax.attention.segments import segment_positions
-from attention_jax.nn.attention import MultiHeadAttention
 from attention_jax.nn.cache import guard_slots
 from attention_jax.nn.cache import is_static
 from attention_jax.nn.cache import poison
+from attention_jax.nn.layer_pattern import encoded_layers
+from attention_jax.nn.layer_pattern import layer_specs
+from attention_jax.nn.layers import Block
+from attention_jax.nn.layers import layer_norm
+from attention_jax.nn.layers import linear
 from attention_jax.nn.sharding import BATCH_LENGTH_EMBED
-from attention_jax.nn.sharding import BATCH_LENGTH_MLP
 from attention_jax.nn.sharding import BATCH_LENGTH_VOCAB
 from attention_jax.nn.sharding import constrain
 from attention_jax.positional import PositionalEncoding
@@ -74,78 +79,9 @@ from attention_jax.positional import make_encoding
 from attention_jax.positional.abacus import Abacus
 from attention_jax.positional.learned import positions_proven
 from attention_jax.positional.parameters import EMBED
-from attention_jax.positional.parameters import MLP
-from attention_jax.positional.parameters import NORM
 from attention_jax.positional.parameters import VOCAB
 from attention_jax.positional.parameters import annotation
 from attention_jax.positional.parameters import check_dtypes
-
-
-class Block(nnx.Module):
-  """Pre-LN transformer block: causal self-attention and a GELU MLP, each
-  residual branch dropped at `dropout_rate` (as are the attention weights)."""
-
-  def __init__(self, d_model: int, num_heads: int, mlp_dim: int,
-               positional: Optional[PositionalEncoding], *, rngs: nnx.Rngs,
-               dropout_rate: float = 0.0, deterministic: Optional[bool] = None,
-               dtype=None, param_dtype=jnp.float32, **attention_options):
-    precision = dict(dtype=dtype, param_dtype=param_dtype)
-    self.attention_norm = layer_norm(d_model, rngs=rngs, **precision)
-    self.attention = MultiHeadAttention(d_model, num_heads, causal=True, encoding=positional,
-                                        dropout_rate=dropout_rate,
-                                        deterministic=deterministic,
-                                        rngs=rngs, **precision, **attention_options)
-    self.mlp_norm = layer_norm(d_model, rngs=rngs, **precision)
-    self.mlp_in = linear(d_model, mlp_dim, (EMBED, MLP), rngs=rngs, **precision)
-    self.mlp_out = linear(mlp_dim, d_model, (MLP, EMBED), rngs=rngs, **precision)
-    self.dropout_rate, self.deterministic = float(dropout_rate), deterministic
-    # Forked only when dropping: rate 0 leaves the parameters' RNG untouched.
-    self.rngs = rngs.dropout.fork() if dropout_rate > 0 else nnx.data(None)
-
-  def __call__(self, x, *, positions, return_weights, deterministic=None, rngs=None,
-               segment_ids=None):
-    """x `[B, T, d_model]` -> (`[B, T, d_model]`, weights `[B, H, T, T]` or None);
-    segment_ids None or (query ids, key ids), int `[B, T]` each."""
-    q_ids, kv_ids = (None, None) if segment_ids is None else segment_ids
-    h = self.attention(self.attention_norm(x), positions=positions,
-                       return_weights=return_weights, deterministic=deterministic,
-                       rngs=rngs, segment_ids=q_ids, context_segment_ids=kv_ids)
-    h, weights = h if return_weights else (h, None)
-    drop = self._residual_dropout(deterministic, rngs)
-    return self._mlp(x + drop(h), drop), weights
-
-  def _residual_dropout(self, deterministic, rngs):
-    if resolve_deterministic(self.dropout_rate, deterministic, self.deterministic):
-      return lambda h: h
-    rngs = self.rngs if rngs is None else rngs
-    return lambda h: nnx.Dropout(self.dropout_rate)(h, deterministic=False, rngs=rngs)
-
-  def extend(self, x, cache, start, positions):
-    """Cached decoding (see `MultiHeadAttention.extend`; slots checked by
-    the caller) -> (x, cache)."""
-    h, cache = self.attention._extend(self.attention_norm(x), cache, start,  # pylint: disable=protected-access
-                                      positions=positions)
-    return self._mlp(x + h), cache
-
-  def _mlp(self, x, drop=lambda h: h):
-    hidden = constrain(self.mlp_in(self.mlp_norm(x)), BATCH_LENGTH_MLP)
-    return x + drop(self.mlp_out(jax.nn.gelu(hidden)))
-
-
-def layer_norm(width: int, *, rngs, dtype, param_dtype, **options) -> nnx.LayerNorm:
-  """`nnx.LayerNorm` with its scale and bias named 'norm' (statistics in
-  float32 whatever `dtype`: Flax's default)."""
-  return nnx.LayerNorm(width, dtype=dtype, param_dtype=param_dtype, rngs=rngs,
-                       scale_metadata=annotation((NORM,)), bias_metadata=annotation((NORM,)),
-                       **options)
-
-
-def linear(d_in: int, d_out: int, axes: tuple, *, rngs, dtype, param_dtype,
-           **options) -> nnx.Linear:
-  """`nnx.Linear` whose kernel's axes are `axes` and bias's `axes[1:]`."""
-  return nnx.Linear(d_in, d_out, dtype=dtype, param_dtype=param_dtype, rngs=rngs,
-                    kernel_metadata=annotation(axes), bias_metadata=annotation(axes[1:]),
-                    **options)
 
 
 class TransformerLM(nnx.Module):
@@ -171,7 +107,12 @@ class TransformerLM(nnx.Module):
       the layers whose attention uses an encoding acting inside attention,
       e.g. `(2, 6, 10, 14, 18)` for 'mta' as the official 300M model; the
       other layers get none (NoPE). An encoding added to the embeddings acts
-      once, before the first layer, and takes no layers.
+      once, before the first layer, and takes no layers. Or a pattern
+      string of per-layer `NAME` / `NAME/WINDOW` specs, repeated over the
+      layers (`nn.layer_pattern`), e.g. 'rope/64,rope/64,rope/64,none';
+      `encoding` is then its first encoded layer's and `encoding_options`
+      go to that encoding (other names in the pattern take their defaults).
+      `model.layer_specs` holds each layer's (encoding, window).
     dropout_rate: dropout on the attention weights and on the output of
       each residual branch (attention, MLP); default 0.0 (none).
     deterministic: True = no dropout; None: from the call or
@@ -198,7 +139,7 @@ class TransformerLM(nnx.Module):
                normalization: Normalization = 'softmax',
                encoding_per_layer: Optional[bool] = None, dropout_rate: float = 0.0,
                deterministic: Optional[bool] = None,
-               encoding_layers: Optional[Sequence[int]] = None,
+               encoding_layers: Union[None, str, Sequence[int]] = None,
                abacus: Optional[dict] = None, logit_soft_cap: Optional[float] = None,
                sinks: bool = False, dtype=None, param_dtype=jnp.float32,
                rngs: nnx.Rngs):
@@ -218,30 +159,25 @@ class TransformerLM(nnx.Module):
     self.embed = nnx.Embed(vocab_size, d_model,
                            embedding_init=nnx.initializers.normal(1.0), rngs=rngs,
                            embedding_metadata=annotation((VOCAB, EMBED)), **precision)
-    build = lambda: make_encoding(encoding, d_model=d_model, num_heads=num_heads,
-                                  max_positions=max_positions, causal=True, rngs=rngs,
-                                  **precision, **(encoding_options or {}))
-    self.positional = build()
+    build = lambda name: make_encoding(
+        name, d_model=d_model, num_heads=num_heads, max_positions=max_positions, causal=True,
+        rngs=rngs, **precision, **((encoding_options or {}) if name == encoding else {}))
+    self.positional = build(encoding)
     # Absolute encodings act once, on the embeddings; blocks get the rest.
-    in_attention = self.positional if self.positional.acts_in_attention else None
-    per_layer = (type(self.positional).per_layer if encoding_per_layer is None
-                 else encoding_per_layer)
-    layers = _check_encoding_layers(encoding_layers, num_layers, encoding,
-                                    in_attention is not None)
-    self.encoding_layers = layers  # static: the layers whose attention has the encoding
-    # The first encoded block takes self.positional, the others a fresh one
-    # each (per_layer) or the same; unlisted layers none.
-    layer_encodings = [None] * num_layers
-    for n, i in enumerate(layers):
-      layer_encodings[i] = build() if n and per_layer else in_attention
+    specs = layer_specs(encoding_layers, num_layers=num_layers, encoding=encoding,
+                        in_attention=self.positional.acts_in_attention,
+                        sliding_window=sliding_window)
+    self.layer_specs = specs  # static: each layer's (encoding name or None, window)
+    self.encoding_layers = encoded_layers(specs)  # static: the layers with an encoding
     self.blocks = nnx.List([
         Block(d_model, num_heads, mlp_dim, layer_encoding, rngs=rngs,
-              num_kv_heads=num_kv_heads, sliding_window=sliding_window,
+              num_kv_heads=num_kv_heads, sliding_window=spec.window,
               implementation=implementation, scalable_softmax=scalable_softmax,
               normalization=normalization, dropout_rate=dropout_rate,
               deterministic=deterministic, logit_soft_cap=logit_soft_cap, sinks=sinks,
               **precision)
-        for layer_encoding in layer_encodings])
+        for spec, layer_encoding in zip(specs, self._layer_encodings(
+            specs, build, encoding_per_layer, encoding))])
     self.final_norm = layer_norm(d_model, rngs=rngs, **precision)
     self.unembed = linear(d_model, vocab_size, (EMBED, VOCAB), rngs=rngs, **precision)
     self.abacus = (Abacus(d_model=d_model, rngs=rngs, **precision, **abacus) if abacus
@@ -253,6 +189,25 @@ class TransformerLM(nnx.Module):
     embeddings, or the first encoded layer's (`blocks[i].attention.encoding`
     for each layer's; module docstring)."""
     return self.positional
+
+  def _layer_encodings(self, specs, build, per_layer_override, encoding: str) -> list:
+    """One encoding (or None) per layer: the first layer of the model's
+    encoding takes `self.positional`, the first of any other name a new one;
+    a later layer of a name a fresh one (its class's `per_layer`, or
+    `encoding_per_layer`) or that first one."""
+    first, out = {}, []
+    for spec in specs:
+      if spec.encoding is None:
+        out.append(None)
+      elif spec.encoding not in first:
+        first[spec.encoding] = (self.positional if spec.encoding == encoding
+                                else build(spec.encoding))
+        out.append(first[spec.encoding])
+      else:
+        shared = first[spec.encoding]
+        per_layer = type(shared).per_layer if per_layer_override is None else per_layer_override
+        out.append(build(spec.encoding) if per_layer else shared)
+    return out
 
   def __call__(self, tokens: jax.Array, *, positions: Optional[jax.Array] = None,
                return_weights: bool = False, deterministic: Optional[bool] = None,
@@ -411,25 +366,3 @@ class TransformerLM(nnx.Module):
     return (self.abacus(x, ids),
             dict(abacus_ids=jax.lax.dynamic_update_slice_in_dim(ids_cache, ids, start, 1)))
 
-
-def _check_encoding_layers(layers, num_layers: int, encoding, in_attention: bool) -> tuple:
-  """The sorted layer indices that use the encoding (all for None), or a
-  ValueError naming the value and what is allowed."""
-  if layers is None:
-    return tuple(range(num_layers)) if in_attention else ()
-  if not in_attention:
-    raise ValueError(f'encoding_layers={layers!r}: encoding={encoding!r} does not act inside '
-                     'attention (it adds to the embeddings once, or is none), so it has no '
-                     'layers to choose; leave encoding_layers=None.')
-  try:
-    chosen = tuple(layers)
-  except TypeError:
-    chosen = None
-  ok = chosen is not None and all(
-      isinstance(i, (int, np.integer)) and not isinstance(i, (bool, np.bool_))
-      and 0 <= i < num_layers for i in chosen)
-  if not ok or not chosen or len(set(chosen)) != len(chosen):
-    raise ValueError(f'encoding_layers={layers!r} must be distinct layer indices in 0 … '
-                     f'{num_layers - 1} (num_layers={num_layers}), at least one; or None for '
-                     'every layer.')
-  return tuple(sorted(int(i) for i in chosen))

@@ -205,7 +205,7 @@ class ValidateTest(parameterized.TestCase):
       ('no_models', dict(study__models=()), 'study.models is empty'),
       ('unknown_encoding', dict(study__encodings=('myenc',)),
        r"study entry 'myenc': 'myenc' is neither an encoding \(alibi, .*, xpos\) nor a variant "
-       r'\(mta_lookup, ngram_lookup\); your own encoding: register it with '
+       r'\(mta_lookup, ngram_lookup, rnope_swa\); your own encoding: register it with '
        r'attention_jax.register_encoding in a module and name that module in '
        r'--config.imports=my_module\.$'),
       ('unknown_options_group', dict(model__encoding_options={'myenc': {'x': 1}}),
@@ -287,8 +287,8 @@ class PresetKindTest(absltest.TestCase):
         defaults.add(found.group(1))
     self.assertEqual(defaults, {'copy', 'seq2seq', 'chomsky'})
     kinds = {name: presets.kind_of(presets._load(name)) for name in presets.available()}
-    self.assertEqual(kinds, {'addition': 'study', 'copy': 'study', 'seq2seq': 'study',
-                             'chomsky': 'chomsky'})
+    self.assertEqual(kinds, {'addition': 'study', 'copy': 'study', 'flipflop': 'study',
+                             'seq2seq': 'study', 'chomsky': 'chomsky'})
     for default in sorted(defaults):
       for preset, kind in sorted(kinds.items()):
         flag_values = flags.FlagValues()

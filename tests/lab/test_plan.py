@@ -46,7 +46,7 @@ class EntryGrammarTest(parameterized.TestCase):
       ('older_plus', 'none+stick_breaking', r"parts follow a colon, e.g. 'none:stick_breaking'"),
       ('unknown_part', 'rope:warped', r"no part 'warped'; the parts are coupled, mta_lookup"),
       ('unknown_base', 'ropee', r"'ropee' is neither an encoding \(alibi, .*\) nor a variant "
-                                r'\(mta_lookup, ngram_lookup\)'),
+                                r'\(mta_lookup, ngram_lookup, rnope_swa\)'),
       ('empty', '', r'must be a non-empty string'),
   )
   def test_a_bad_entry_is_refused_naming_it(self, entry, message):

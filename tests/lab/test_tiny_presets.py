@@ -14,6 +14,7 @@ from attention_jax.lab import plan
 from attention_jax.lab import results
 from configs import addition as addition_config
 from configs import copy as copy_config
+from configs import flipflop as flipflop_config
 
 
 def _row(encoding, steps, seed=0):
@@ -25,7 +26,8 @@ class TinyPresetTest(parameterized.TestCase):
 
   @parameterized.parameters(
       [(copy_config, s) for s in copy_config.STUDIES] +
-      [(addition_config, s) for s in addition_config.STUDIES])
+      [(addition_config, s) for s in addition_config.STUDIES] +
+      [(flipflop_config, s) for s in flipflop_config.STUDIES])
   def test_every_entry_trains_the_tiny_budget(self, module, study):
     c = module.get_config(f'scale=tiny,study={study}')
     steps = {(r.model.get('variant') or r.model.encoding): r.train.num_steps

@@ -52,7 +52,9 @@ def evaluation_variants(config: ml_collections.ConfigDict) -> list[tuple[str, Op
   (label 'rope+METHOD'), with factor `config.eval.rope_scale_factor` (0: longest
   evaluated / longest training sequence) and L the longest training sequence."""
   variants = [(entries.run_label(config), None)]
-  if config.model.kind == 'transformer' and config.model.encoding == 'rope':
+  # Not a variant built on RoPE (rnope_swa): its rows would take plain rope's labels.
+  if (config.model.kind == 'transformer' and config.model.encoding == 'rope'
+      and not config.model.get('variant')):
     train_tokens = tasks.tokens_read(models.task_of(config), config.task.train_max_length)
     factor = config.eval.rope_scale_factor or models.longest_sequence(config) / train_tokens
     for method in config.eval.rope_scalings:

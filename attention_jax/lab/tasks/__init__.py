@@ -5,7 +5,9 @@ protocol lays a task out for a model: the causal decoder's `BOS x SEP y EOS`
 (`decoder.DecoderTask`, batches in `batches.py`) and the bidirectional
 encoder's `x BLANK…` (`lab.chomsky`); each serves every spec. Multi-digit
 addition (`addition.py`: two operands of their own lengths, index hints,
-Abacus digits) is a task of the decoder protocol only.
+Abacus digits) and flip-flop language modeling (`flipflop.py`: a 1-bit
+register's instructions, its three distributions) are tasks of the decoder
+protocol only.
 
 `TASKS` maps a name to its decoder-protocol task. Training and evaluation
 never ask which task they run: every task offers the members of
@@ -32,6 +34,7 @@ from attention_jax.lab.tasks.addition import Addition
 from attention_jax.lab.tasks import addition
 from attention_jax.lab.tasks import copy
 from attention_jax.lab.tasks import coupling
+from attention_jax.lab.tasks import flipflop
 from attention_jax.lab.tasks import packing
 from attention_jax.lab.tasks import packed_rows
 from attention_jax.lab.tasks.decoder import DecoderTask
@@ -42,7 +45,8 @@ from attention_jax.lab.tasks.chomsky.registry import TASKS as CHOMSKY_TASKS
 
 # Every task of the one kind, by name: both protocols serve each.
 SPECS = {**copy.TASKS, **CHOMSKY_TASKS}
-TASKS = {**{name: DecoderTask(spec) for name, spec in SPECS.items()}, 'addition': Addition()}
+TASKS = {**{name: DecoderTask(spec) for name, spec in SPECS.items()}, 'addition': Addition(),
+         **flipflop.TASKS}
 
 
 def get_task(name: str):
