@@ -51,6 +51,7 @@ class FlipFlop:
   name: str = 'flipflop'
   p_ignore: float = 0.8
   pack: int = 1  # examples per training sequence
+  pack_segments: int = 0  # > 0: rows of this many padded examples' tokens, isolated examples
   coupled_max_position: int = 0  # never > 0: no input for an output to couple with
   abacus_max_k: int = 0
   digit_tokens = ()  # no digit runs for Abacus embeddings to count
