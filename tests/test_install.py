@@ -48,7 +48,7 @@ class PresetsTest(absltest.TestCase):
           self.assertEqual(presets.resolve(spec), copy + ':scale=tiny')
         finally:
           os.chdir(cwd)
-    self.assertEqual(presets.available(), ['addition', 'chomsky', 'copy', 'seq2seq'])
+    self.assertEqual(presets.available(), ['addition', 'chomsky', 'copy', 'flipflop', 'seq2seq'])
 
   def test_an_existing_file_is_used_as_given(self):
     path = os.path.join(tempfile.mkdtemp(), 'copy.py')
@@ -56,7 +56,7 @@ class PresetsTest(absltest.TestCase):
     self.assertEqual(presets.resolve(f'{path}:scale=tiny'), f'{path}:scale=tiny')
 
   def test_unknown_preset_names_it_and_the_presets(self):
-    with self.assertRaisesRegex(ValueError, r"'nope'.*presets: addition, chomsky, copy, seq2seq"):
+    with self.assertRaisesRegex(ValueError, r"'nope'.*presets: addition, chomsky, copy, flipflop, seq2seq"):
       presets.resolve('nope:scale=tiny')
     with self.assertRaisesRegex(ValueError, r"'elsewhere/copy.py'"):
       presets.resolve('elsewhere/copy.py')  # a folder other than configs/ is a path

@@ -166,7 +166,7 @@ class StudyTest(absltest.TestCase):
     self.assertEqual(list(table[0]), ['task', 'encoding', 'seed', 'length', 'token_accuracy',
                                       'exact_match', 'generated_exact_match',
                                       'generation_agreement', 'config_hash', 'version',
-                                      'diverged_at', 'num_steps'])
+                                      'diverged_at', 'num_steps', 'hard_exact_match'])
     self.assertEqual({(r['diverged_at'], r['num_steps']) for r in table}, {('', '5')})
     # Generation and teacher forcing agree on every sequence (see evaluate/lengths.py).
     self.assertEqual({float(r['generation_agreement']) for r in table}, {1.0})

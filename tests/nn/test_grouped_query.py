@@ -88,7 +88,7 @@ class SlidingWindowTest(chex.TestCase, parameterized.TestCase):
     got = np.asarray(aj.attention.sliding_window_mask(6, 6, 2) & aj.causal_mask(6))
     want = np.array([[i - 2 < j <= i for j in range(6)] for i in range(6)])
     np.testing.assert_array_equal(got, want)
-    with self.assertRaisesRegex(ValueError, 'window must be an integer >= 1, got 0'):
+    with self.assertRaisesRegex(ValueError, 'window=0 must be an integer >= 1'):
       aj.attention.sliding_window_mask(6, 6, 0)
 
   @parameterized.parameters('scan', 'unrolled')

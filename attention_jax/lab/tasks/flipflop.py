@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attention_jax.lab.tasks.batches import BOS, NUM_SPECIAL, PAD
+from attention_jax.lab.tasks.batches import check_lengths
 
 WRITE, READ, IGNORE = NUM_SPECIAL, NUM_SPECIAL + 1, NUM_SPECIAL + 2
 BIT0 = NUM_SPECIAL + 3  # bit b is token BIT0 + b
@@ -117,6 +118,7 @@ class FlipFlop:
     """`BOS w b … r b PAD …` int32 `[B, 2N + 1]` and its output tokens (the
     bits after a read), bool, same shape. `vocab_size` is unused (bits)."""
     del vocab_size
+    check_lengths(lengths, max_length)
     kinds, bits = self.instructions(key, lengths, max_length)
     b = kinds.shape[0]
     pairs = jnp.stack([jnp.where(kinds >= 0, WRITE + kinds, PAD),
