@@ -150,7 +150,7 @@ class InstalledTest(absltest.TestCase):
     lines = result.stderr.strip().splitlines()
     self.assertLen(lines, 1, result.stderr)
     self.assertIn("'nope'", lines[0])
-    self.assertIn('copy, seq2seq', lines[0])
+    self.assertIn('copy, flipflop, seq2seq', lines[0])
     self.assertFalse(os.path.exists(os.path.join(self.away, 'never')))
 
 

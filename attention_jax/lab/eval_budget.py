@@ -103,6 +103,12 @@ def _refuse(where: str, max_length: int, memory: float, flops: float, batch_size
   bound = _largest(fits, floor, max_length - 1)
   fix = (f'eval.max_length <= {bound:,} fits' if bound >= floor else
          f'no eval.max_length >= {floor} fits with these sizes')
+  if over_memory and bound < floor:  # not the lengths: the batch or the model is too large
+    raise ConfigError(
+        f'invalid config: one evaluation call of eval.batch_size={batch_size}{extra} needs '
+        f'about {memory / 2**30:,.0f} GiB at eval.max_length={max_length} on {where}, more '
+        f'than this machine\'s {limit / 2**30:,.0f} GiB, and {fix}; reduce eval.batch_size or '
+        f'the model (model.d_model, model.num_layers, model.mlp_dim).')
   if over_memory:
     raise ConfigError(
         f'invalid config: eval.max_length={max_length} on {where}: the model reads '

@@ -5,6 +5,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from absl.testing import absltest
 from absl.testing import parameterized
 
@@ -211,6 +212,7 @@ class PathBlockwiseTest(chex.TestCase, parameterized.TestCase):
     got = path_attention(q, k, v, w, beta, c, block_size=block_size)
     chex.assert_trees_all_close(got, want, atol=2e-5, rtol=2e-5)
 
+  @pytest.mark.slow  # ~30 s cold; the module test through 'auto' covers the dispatch
   def test_blockwise_kernel_through_the_dispatcher(self):
     q, k, v, w, beta, g = inputs(t=10)
     scale = q.shape[-1] ** -0.5

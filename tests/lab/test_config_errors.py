@@ -318,9 +318,11 @@ class EntryPointProcessTest(absltest.TestCase):
     for args, message in (
         (('experiments.length_extrapolation', '--config.study.encodings=()'),
          r'error: invalid config: study.encodings is empty'),
-        # A real allocation failure, refused at once: the MLP's 16 TiB bias.
+        # The MLP's 16 TiB bias: refused by the evaluation budget before anything
+        # is allocated, naming the model rather than the lengths.
         (('experiments.train', '--config.model.mlp_dim=4398046511104'),
-         r'error: Out of memory .*bytes; reduce train.batch_size, eval.batch_size, '),
+         r'error: invalid config: one evaluation call .* GiB.*reduce eval.batch_size or '
+         r'the model \(model.d_model, model.num_layers, model.mlp_dim\)'),
         # An option the config does not list, checked where the encoding is built.
         (('experiments.train', '--config.model.encoding=rope',
           '--config.model.encoding_options.rope.base=-1.0'),

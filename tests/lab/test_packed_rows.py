@@ -7,7 +7,6 @@ import sys
 import textwrap
 
 import chex
-import jax
 import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest
@@ -25,6 +24,7 @@ from attention_jax.lab.tasks import packed_rows
 from attention_jax.lab.validate import validate_config
 from configs import addition as addition_config
 from configs import copy as copy_config
+from tests import tiers
 
 
 def _config(task: str, encoding: str, pack_segments: int = 2):
@@ -71,10 +71,11 @@ def _loss_and_grads(model, batch):
 class PackedRowsTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
-      ('copy_rope', 'copy', 'rope'), ('reverse_alibi', 'reverse', 'alibi'),
-      ('duplicate_fire', 'duplicate', 'fire'), ('addition_learned', 'addition', 'learned'),
-      ('copy_coupled', 'copy', 'windowed_rope:coupled'),
+      ('copy_rope', 'copy', 'rope'), ('copy_coupled', 'copy', 'windowed_rope:coupled'),
+      ('reverse_alibi', 'reverse', 'alibi'), ('duplicate_fire', 'duplicate', 'fire'),
+      ('addition_learned', 'addition', 'learned'),
       ('reverse_randomized', 'reverse', 'rope:randomized'))
+  @tiers.fast_cases(2)  # copy with RoPE and with coupled ids; the others in the slow tier
   def test_packed_rows_equal_each_example_alone(self, task, encoding):
     c = _config(task, encoding)
     model = models.build_model(c, 0)

@@ -12,7 +12,7 @@ import sys
 import chex
 import jax
 import jax.numpy as jnp
-import numpy as np
+import pytest
 from absl.testing import absltest
 from absl.testing import parameterized
 from flax import nnx
@@ -119,6 +119,7 @@ class AnnotationTest(chex.TestCase, parameterized.TestCase):
       self.assertIs(sharding.constrain(x, sharding.BATCH_LENGTH_EMBED), x)
     self.assertIs(sharding.constrain(x, sharding.BATCH_LENGTH_EMBED), x)
 
+  @pytest.mark.slow  # a process of 4 devices, ~30 s cold; the rules are checked above
   def test_sharded_model_equals_the_unsharded_on_four_devices(self):
     env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=4',
                JAX_PLATFORMS='cpu')
