@@ -180,8 +180,8 @@ class StudyTest(absltest.TestCase):
     with open(os.path.join(workdir, 'copy/rope/seed0/run.json')) as f:
       times = json.load(f)['time_breakdown']
     self.assertEqual(set(times), {'train', 'train_compile', 'evaluation', 'evaluation_compile',
-                                  'generation', 'generation_compile'})
-    for stage in ('train', 'evaluation', 'generation'):  # 0 if another test compiled it
+                                  'generation', 'generation_compile', 'hard', 'hard_compile'})
+    for stage in ('train', 'evaluation', 'generation', 'hard'):  # 0 if another test compiled it
       self.assertBetween(times[f'{stage}_compile'], 0, times[stage])
     summary = open(os.path.join(workdir, 'summary.md')).read()
     self.assertIn('| rope | 1 |', summary)
