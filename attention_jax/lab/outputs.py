@@ -67,24 +67,19 @@ def task_ceilings(config: ml_collections.ConfigDict, task_names: Sequence[str]) 
               batch_size=e.batch_size)]
 
 
+def _per_run(run_dirs: Sequence[str], path_of, read) -> list[dict]:
+  """The rows of each run's table at `path_of(run_dir)`, where it has one."""
+  return [row for path in map(path_of, run_dirs) if os.path.exists(path) for row in read(path)]
+
+
 def grid_rows(run_dirs: Sequence[str]) -> list[dict]:
   """The rows of each run's grid.csv (`evaluate.grid`), where it has one."""
-  found = []
-  for run_dir in run_dirs:
-    path = grid.run_grid_path(run_dir)
-    if os.path.exists(path):
-      found += grid.read_grid(path)
-  return found
+  return _per_run(run_dirs, grid.run_grid_path, grid.read_grid)
 
 
 def hard_rows(run_dirs: Sequence[str]) -> list[dict]:
   """The rows of each run's hard.csv (`evaluate.hard`), where it has one."""
-  found = []
-  for run_dir in run_dirs:
-    path = hard.run_hard_path(run_dir)
-    if os.path.exists(path):
-      found += hard.read_hard(path)
-  return found
+  return _per_run(run_dirs, hard.run_hard_path, hard.read_hard)
 
 
 def write_study_outputs(rows, workdir: str, config: ml_collections.ConfigDict,

@@ -316,6 +316,18 @@ def write_table(path: str, fields: Sequence[str], rows: Iterable[dict]) -> None:
   os.replace(tmp, path)
 
 
+def read_table(path: str, fields: Sequence[str], types: dict, what: str) -> list[dict]:
+  """A table `write_table` wrote: its rows with the columns in `types` parsed
+  (column -> int or float); a ValueError names a damaged file and `what` it
+  should have been."""
+  with open(path, newline='') as f:
+    rows = list(csv.DictReader(f))
+  try:
+    return [dict(r, **{k: parse(r[k]) for k, parse in types.items()}) for r in rows]
+  except (KeyError, TypeError, ValueError) as e:
+    raise ValueError(f'{path}: not {what} ({tuple(fields)}): {e}') from None
+
+
 def write_ceiling(path: str, rows: Iterable[dict]) -> None:
   """`ambiguity.ceiling_rows`' rows to `path` (CSV), atomically."""
   write_table(path, CEILING_FIELDS, rows)

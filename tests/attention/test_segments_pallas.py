@@ -31,6 +31,20 @@ from tests.attention.test_segments import _pallas
 from tests.attention.test_segments import _qkv
 
 
+LOWERED_T = 16384  # long enough that a T x T array would dwarf every other tensor
+
+
+def _lowered_gradient(kernel, head_dim: int, platform: str, **export_options) -> str:
+  """The MLIR of the q, k, v gradient of `kernel` with segment ids, causal,
+  bfloat16 `[1, LOWERED_T, 1, head_dim]`, exported for `platform`."""
+  x = jax.ShapeDtypeStruct((1, LOWERED_T, 1, head_dim), jnp.bfloat16)
+  ids = jax.ShapeDtypeStruct((1, LOWERED_T), jnp.int32)
+  loss = lambda q, k, v, ids: jnp.sum(kernel(
+      q, k, v, causal=True, segment_ids=(ids, ids)).astype(jnp.float32))
+  return jax.export.export(jax.jit(jax.grad(loss, argnums=(0, 1, 2))), platforms=(platform,),
+                           **export_options)(x, x, x, ids).mlir_module()
+
+
 class PallasSegmentsTest(chex.TestCase, parameterized.TestCase):
   """Our Pallas kernels build the segment mask per tile (interpret mode)."""
 
@@ -71,31 +85,15 @@ class PallasSegmentsTest(chex.TestCase, parameterized.TestCase):
                                 atol=1e-5)
 
   def test_segments_pallas_gpu_lowers_for_cuda_without_a_t_by_t_array(self):
-    t = 16384
-    x = jax.ShapeDtypeStruct((1, t, 1, 64), jnp.bfloat16)
-    ids = jax.ShapeDtypeStruct((1, t), jnp.int32)
-    loss = lambda q, k, v, ids: jnp.sum(pallas_gpu_attention(
-        q, k, v, causal=True, segment_ids=(ids, ids)).astype(jnp.float32))
-    exported = jax.export.export(
-        jax.jit(jax.grad(loss, argnums=(0, 1, 2))), platforms=('cuda',),
-        disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(
-            '__gpu$xla.gpu.triton')])(x, x, x, ids)
-    module = exported.mlir_module()
+    module = _lowered_gradient(pallas_gpu_attention, 64, 'cuda', disabled_checks=[
+        jax.export.DisabledSafetyCheck.custom_call('__gpu$xla.gpu.triton')])
     self.assertEqual(module.count('@__gpu$xla.gpu.triton'), 3)
-    self.assertEqual(max(_tensor_sizes(module)), t * 64)
+    self.assertEqual(max(_tensor_sizes(module)), LOWERED_T * 64)
 
   def test_segments_pallas_tpu_lowers_for_tpu_without_a_t_by_t_array(self):
-    t = 16384
-    x = jax.ShapeDtypeStruct((1, t, 1, 128), jnp.bfloat16)
-    ids = jax.ShapeDtypeStruct((1, t), jnp.int32)
-    loss = lambda q, k, v, ids: jnp.sum(pallas_tpu_attention(
-        q, k, v, causal=True, segment_ids=(ids, ids)).astype(jnp.float32))
-    exported = jax.export.export(jax.jit(jax.grad(loss, argnums=(0, 1, 2))),
-                                 platforms=('tpu',))(x, x, x, ids)
-    module = exported.mlir_module()
+    module = _lowered_gradient(pallas_tpu_attention, 128, 'tpu')
     self.assertEqual(module.count('tpu_custom_call'), 3)
-    self.assertLessEqual(max(_tensor_sizes(module)), t * 128)
-
+    self.assertLessEqual(max(_tensor_sizes(module)), LOWERED_T * 128)
 
 class SplashSegmentsTest(chex.TestCase):
   """JAX's splash kernel takes the ids as its `SegmentIds` (interpreted)."""

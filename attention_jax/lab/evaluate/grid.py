@@ -11,7 +11,6 @@ data depend on `(eval_seed, la, lb)` only: every model is scored on the same
 sums.
 """
 
-import csv
 import functools
 import math
 import os
@@ -81,14 +80,9 @@ def write_grid(path: str, rows: Sequence[dict]) -> None:
 
 def read_grid(path: str) -> list[dict]:
   """A grid.csv's rows, numbers parsed; a ValueError names a damaged file."""
-  with open(path, newline='') as f:
-    rows = list(csv.DictReader(f))
-  try:
-    return [dict(r, seed=int(r['seed']), digits_a=int(r['digits_a']),
-                 digits_b=int(r['digits_b']), exact_match=float(r['exact_match']),
-                 token_accuracy=float(r['token_accuracy'])) for r in rows]
-  except (KeyError, TypeError, ValueError) as e:
-    raise ValueError(f'{path}: not a grid table ({GRID_FIELDS}): {e}') from None
+  return results.read_table(path, GRID_FIELDS, dict(
+      seed=int, digits_a=int, digits_b=int, exact_match=float, token_accuracy=float),
+                            'a grid table')
 
 
 def run_grid_path(run_dir: str) -> str:

@@ -17,7 +17,6 @@ case was added) gets it from its final checkpoint (`ensure`), without
 training and without touching its results.csv.
 """
 
-import csv
 import functools
 import os
 from typing import Callable, Optional, Sequence
@@ -157,13 +156,8 @@ def write_hard(path: str, rows: Sequence[dict]) -> None:
 
 def read_hard(path: str) -> list[dict]:
   """A hard.csv's rows, numbers parsed; a ValueError names a damaged file."""
-  with open(path, newline='') as f:
-    rows = list(csv.DictReader(f))
-  try:
-    return [dict(r, seed=int(r['seed']), length=int(r['length']), count=int(r['count']),
-                 exact_match=float(r['exact_match'])) for r in rows]
-  except (KeyError, TypeError, ValueError) as e:
-    raise ValueError(f'{path}: not a hard-case table ({HARD_FIELDS}): {e}') from None
+  return results.read_table(path, HARD_FIELDS, dict(seed=int, length=int, count=int,
+                                                     exact_match=float), 'a hard-case table')
 
 
 def is_current(run_dir: str, config: ml_collections.ConfigDict) -> bool:
