@@ -185,7 +185,7 @@ def get_config(arg=None):
   # Which layers have the encoding, and each layer's window: None = every layer;
   # layer indices, e.g. (0,); or a pattern of NAME or NAME/WINDOW per layer,
   # repeated ('rope/4,none': RNoPE-SWA; attention_jax/nn/layer_pattern.py).
-  c.model.encoding_layers = None
+  c.model.encoding_layers = ml_collections.config_dict.placeholder(str)  # None (typed: overridable)
   c.model.attention_implementation = 'auto'  # dense | chunked | cudnn | auto (chunked for long evals)
   # Scalable softmax (Nakanishi 2025): logits × s_h·log(n), n = keys a query sees,
   # s_h learned per head starting here; 0 = plain softmax. Any encoding.

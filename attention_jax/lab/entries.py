@@ -17,6 +17,7 @@ The entry is the run's label: results.csv's `encoding` column and its folder
 encoding spec, with `:stick_breaking` for that normalization.
 """
 
+import copy
 from typing import Mapping
 
 import ml_collections
@@ -98,7 +99,7 @@ def entry_config(config: ml_collections.ConfigDict, entry: str) -> ml_collection
                      f"{entry.replace('+', SEPARATOR)!r}.")
   names = table(config)
   base, *parts = entry.split(SEPARATOR)
-  c = ml_collections.ConfigDict(config.to_dict())
+  c = copy.deepcopy(config)  # keeps typed placeholders (None-valued fields) overridable
   where = lambda name: f'study.variants.{name}' if name not in PARTS else f'entries.PARTS.{name}'
   if base in names and base not in PARTS:
     if 'model.encoding' not in flatten(names[base]):

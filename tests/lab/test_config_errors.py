@@ -57,6 +57,14 @@ def _flags():
   return flag_values
 
 
+def _leaves(config, prefix=''):
+  for key, value in config.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      yield from _leaves(value, f'{prefix}{key}.')
+    else:
+      yield f'{prefix}{key}', value
+
+
 def _parse(*args):
   flag_values = _flags()
   rest = command_line.parse_flags(['prog', *args], flag_values)
@@ -129,6 +137,21 @@ class ParseFlagsTest(parameterized.TestCase):
     flag_values, _ = _parse('--config.train.seed=7')
     self.assertEqual(flag_values['config'].value.train.seed, 7)
     self.assertEqual(flag_values['config'].value.train.num_steps, 2000)  # the default preset's
+
+  @parameterized.parameters('copy:scale=tiny,encoding=rope', 'addition:scale=tiny',
+                            'flipflop:scale=tiny', 'seq2seq:scale=tiny')
+  def test_every_field_without_a_default_value_takes_an_override(self, preset):
+    # ml_collections cannot override a field holding a bare None: such a
+    # field must be a typed placeholder, kept through the presets.
+    config = _parse(f'--config={preset}')[0]['config'].value
+    unset = [path for path, value in _leaves(config) if value is None]
+    self.assertNotEmpty(unset)
+    for path in unset:
+      flag_values, _ = _parse(f'--config={preset}', f'--config.{path}=rope/4,none')
+      value = flag_values['config'].value
+      for key in path.split('.'):
+        value = value[key]
+      self.assertEqual(value, 'rope/4,none', path)
 
   def test_workdir_that_is_a_file_or_read_only(self):
     folder = tempfile.mkdtemp()
