@@ -134,6 +134,7 @@ def _decoder_cost(config: ml_collections.ConfigDict, max_length: int):
   passes = 1 + bool(e.get('generate') and m.kind == 'transformer')
   if m.kind == 'transformer' and m.encoding.split(':')[0] == 'rope':
     passes += len(e.get('rope_scalings', ()))
+  passes *= 1 + len(e.get('tasks', ()))  # each task of eval.tasks is scored the same way
   sizes = [(tasks.tokens_read(task, n), passes * e.num_samples) for n in lengths]
   grid = [n for n in e.get('grid', ()) if n <= max_length]
   sizes += [(tasks.tokens_read(task, max(a, b)), e.get('grid_samples', 0))

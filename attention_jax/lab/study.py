@@ -217,20 +217,20 @@ def _evaluate(trained: list, configs: list, clock: Stopwatch,
                   if config.positions.randomized_eval == 'random' else 0)
   rows, timings = [[] for _ in trained], {}
   digests = [plan.config_hash(c, identity.extensions(d)) for c, d in zip(configs, run_dirs)]
+  scored, lengths = models.evaluation_tasks(config), eval_lengths(config)
+  floor = bucket_floor(config, lengths)
   for label, scaling in evaluation_variants(config):
     start = time.perf_counter()
     # Generation checks the model's cached decoding path, which RoPE
     # scaling does not change: once per model is enough.
     generate = config.eval.generate and is_transformer and scaling is None
     # The task trained on, then `eval.tasks` (each row under its task's name).
-    for task in models.evaluation_tasks(config):
+    for task in scored:
       with contextlib.ExitStack() as scaled:
         for model in trained:
           scaled.enter_context(rope_scaled(model, scaling))
         per_model = evaluate_models(
-            trained, task, eval_lengths(config),
-            train_max=bucket_floor(config, eval_lengths(config)),
-            num_samples=config.eval.num_samples,
+            trained, task, lengths, train_max=floor, num_samples=config.eval.num_samples,
             vocab_size=config.task.vocab_size, eval_seed=config.eval.seed,
             batch_size=config.eval.batch_size, max_position=max_position,
             draw=config.positions.draw, generate=generate, clock=clock)

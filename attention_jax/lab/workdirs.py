@@ -14,7 +14,6 @@ Nothing here writes; a folder that is neither kind is a `ConfigError` naming
 it and what was expected, raised before any tool creates its output folder.
 """
 
-import csv
 import dataclasses
 import json
 import os
@@ -110,11 +109,11 @@ def _read_ceilings(workdir: str) -> list[dict]:
   if not os.path.exists(path):
     return []
   try:
-    with open(path, newline='') as f:
-      return [dict(task=r['task'], length=int(r['length']), k=int(r['k']),
-                   unambiguous=float(r['unambiguous'])) for r in csv.DictReader(f)]
-  except (ValueError, KeyError, TypeError) as e:
+    rows = results.read_table(path, results.CEILING_FIELDS,
+                              dict(length=int, k=int, unambiguous=float), 'a ceiling table')
+  except ValueError as e:
     raise ConfigError(f'{path} is not a readable ceiling.csv ({e}).') from None
+  return [{k: r[k] for k in results.CEILING_FIELDS} for r in rows]
 
 
 def _range(configs: Sequence[ml_collections.ConfigDict]) -> Optional[tuple[int, int]]:

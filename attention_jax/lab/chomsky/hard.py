@@ -103,7 +103,10 @@ def evaluate(programs, task: TaskSpec, encoding: str, graphdef, params, rest) ->
     return rows
   program = programs._get(  # pylint: disable=protected-access
       ('hard_exact', encoding), lambda: _exact_program(programs, graphdef, rest, encoding))
-  for names, n, batch in batches(task, programs.config):
+  # The batches depend on the task and the config alone: built once per task.
+  found = programs._get(  # pylint: disable=protected-access
+      ('hard_batches', task.name), lambda: batches(task, programs.config))
+  for names, n, batch in found:
     exact = np.asarray(program(params, batch))
     for seed_rows, seed_exact in zip(rows, exact):
       groups: dict = {}

@@ -31,6 +31,7 @@ from attention_jax.lab import results
 from attention_jax.lab import tasks
 from attention_jax.lab.entries import run_label
 from attention_jax.lab.evaluate.lengths import PROGRAMS_KEPT
+from attention_jax.lab.evaluate.lengths import bucket_floor
 from attention_jax.lab.evaluate.lengths import buckets
 from attention_jax.lab.evaluate.lengths import eval_lengths
 from attention_jax.lab.scoring import prediction_metrics
@@ -126,7 +127,7 @@ def config_rows(trained: Sequence[nnx.Module], configs: Sequence[ml_collections.
   config = configs[0]
   per_model = evaluate_hard(
       trained, models.configured_task(config), eval_lengths(config),
-      train_max=config.task.train_max_length, vocab_size=config.task.vocab_size,
+      train_max=bucket_floor(config, eval_lengths(config)), vocab_size=config.task.vocab_size,
       max_position=_max_position(config), draw=config.positions.draw, clock=clock)
   return [[dict(task=c.task.name, encoding=run_label(c), seed=c.train.seed, **r) for r in rows]
           for c, rows in zip(configs, per_model)]
