@@ -36,7 +36,7 @@ def finite_values(v: jnp.ndarray):
   """(v with its non-finite entries zeroed, bad `[B, T_k, H_kv, D_v]` bool:
   where they were). The gradient reaches only the finite entries."""
   bad = ~jnp.isfinite(v)
-  return jnp.where(bad, jnp.zeros((), v.dtype), v), jax.lax.stop_gradient(bad)
+  return jnp.where(bad, jnp.zeros((), v.dtype), v), bad
 
 
 def visible_range(t_q: int, t_k: int, *, causal: bool, window: Optional[int], kv_lengths):
@@ -58,7 +58,13 @@ def visible_range(t_q: int, t_k: int, *, causal: bool, window: Optional[int], kv
 def restore_non_finite(out: jnp.ndarray, bad: jnp.ndarray, *, causal: bool,
                        window: Optional[int], kv_lengths) -> jnp.ndarray:
   """`out` `[B, T_q, H, D_v]` with NaN where a query sees, by structure, a key
-  whose value was non-finite (`bad` from `finite_values`)."""
+  whose value was non-finite (`bad` from `finite_values`). The prefix counts
+  run only when some value was non-finite: the common call pays one `any`."""
+  restore = lambda out: _restore(out, bad, causal=causal, window=window, kv_lengths=kv_lengths)
+  return jax.lax.cond(jnp.any(bad), restore, lambda out: out, out)
+
+
+def _restore(out, bad, *, causal, window, kv_lengths):
   b, t_q, h, _ = out.shape
   t_k, h_kv = bad.shape[1], bad.shape[2]
   # counts[:, j + 1] = number of bad keys among 0 … j, per head and feature.

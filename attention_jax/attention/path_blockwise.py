@@ -82,6 +82,9 @@ def path_attention(q, k, v, w, beta, gate=None, *, kv_lengths=None,
     `[B, T, H, D_v]` in the dtype of v.
   """
   check_path_inputs(q, k, w, beta, 'path_attention')
+  if not isinstance(rematerialize, bool):
+    raise TypeError(f'path_attention: rematerialize must be True or False, got '
+                    f'{rematerialize!r}.')
   b, t, h, d = q.shape
   if v.ndim != 4 or v.shape[:3] != k.shape[:3]:
     raise ValueError(f'path_attention: v must be [B, T, H_kv, D_v] like k {k.shape}, got '
@@ -151,9 +154,6 @@ def path_attention(q, k, v, w, beta, gate=None, *, kv_lengths=None,
     _, l, acc = stats
     return jnp.where(l[..., None] > 0, acc / jnp.where(l > 0, l, 1.0)[..., None], 0.0)
 
-  if not isinstance(rematerialize, bool):
-    raise TypeError(f'path_attention: rematerialize must be True or False, got '
-                    f'{rematerialize!r}.')
   walk = jax.checkpoint(query_block) if rematerialize else query_block
   out = jax.lax.map(walk, jnp.arange(n))  # [n, B, H, c, D_v]
   out = jnp.moveaxis(out, 0, 2).reshape(b, h, n * c, -1)[:, :, :t]

@@ -24,6 +24,7 @@ import numpy as np
 from flax import nnx
 
 from attention_jax.attention import scaled_dot_product_attention
+from attention_jax.attention.checks import is_concrete
 from attention_jax.attention.scalable import scalable_softmax_queries
 from attention_jax.attention.scalable import visible_keys
 from attention_jax.positional.base import ScoreContext
@@ -38,9 +39,7 @@ def past_cache_message(start: int, end: int, t_max: int) -> str:
           f'slots (0 … {t_max - 1}); make it longer with init_cache(cache_size=...).')
 
 
-def is_static(start) -> bool:
-  """Whether `start` has a value now (not a tracer)."""
-  return not isinstance(start, jax.core.Tracer)
+is_static = is_concrete  # whether a start slot has a value now (not a tracer)
 
 
 def check_cache_slots(start, s_len: int, t_max: int) -> None:

@@ -240,8 +240,9 @@ class TransformerLM(nnx.Module):
       positions = (np.arange(t, dtype=np.int32) if segment_ids is None
                    else segment_positions(segment_ids))
     x = self.embed(tokens)
-    outside = jnp.any((tokens < 0) | (tokens >= self.vocab_size), axis=1)
-    x = jnp.where(outside[:, None, None], jnp.asarray(jnp.nan, x.dtype), x)
+    if not is_static(tokens):  # known ids were checked above; a traced one may be outside
+      outside = jnp.any((tokens < 0) | (tokens >= self.vocab_size), axis=1)
+      x = jnp.where(outside[:, None, None], jnp.asarray(jnp.nan, x.dtype), x)
     x = self.positional.add_to_embeddings(x, positions)
     if self.abacus is not None:
       x = self.abacus(x, self.abacus.ids(tokens, abacus_offset))
