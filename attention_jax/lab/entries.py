@@ -100,6 +100,7 @@ def entry_config(config: ml_collections.ConfigDict, entry: str) -> ml_collection
   names = table(config)
   base, *parts = entry.split(SEPARATOR)
   c = copy.deepcopy(config)  # keeps typed placeholders (None-valued fields) overridable
+  c.unlock()  # the entry point's config is locked; an entry may add encoding options
   where = lambda name: f'study.variants.{name}' if name not in PARTS else f'entries.PARTS.{name}'
   if base in names and base not in PARTS:
     if 'model.encoding' not in flatten(names[base]):

@@ -37,10 +37,13 @@ class EntryGrammarTest(parameterized.TestCase):
        'mta_lookup:stick_breaking'),
   )
   def test_an_entry_is_a_base_and_parts(self, entry, encoding, normalization, variant):
-    c = entries.entry_config(copy_config.get_config('scale=tiny'), entry)
+    config = copy_config.get_config('scale=tiny')
+    config.lock()  # as config_flags hands it to the entry point
+    c = entries.entry_config(config, entry)
     self.assertEqual((c.model.encoding, c.model.normalization, c.model.variant),
                      (encoding, normalization, variant))
     self.assertEqual(entries.run_label(c), entry)  # the label is the entry
+    self.assertTrue(config.is_locked)  # the caller's config is left as it was
 
   @parameterized.named_parameters(
       ('older_plus', 'none+stick_breaking', r"parts follow a colon, e.g. 'none:stick_breaking'"),
