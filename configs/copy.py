@@ -236,6 +236,12 @@ def get_config(arg=None):
   # run and writes no outputs. Checked after every compiled call, not during evaluation.
   c.train.max_minutes = 0.0
   c.train.tensorboard = True  # also write TensorBoard event files (tensorboardX, no TensorFlow)
+  # Where the state lives on the devices (lab/train/mesh.py): 'data' replicates it and
+  # splits each batch; 'fsdp' splits every weight's embed axis and the batch over all
+  # devices; 'tensor' splits heads, MLP units and vocabulary over `model_parallel` devices
+  # (0: all) and the batch over the rest. The same training up to float rounding.
+  c.train.mesh = 'data'
+  c.train.model_parallel = 0  # devices on the 'model' axis of train.mesh='tensor'; 0 = all
 
   c.eval = ml_collections.ConfigDict()
   c.eval.max_length = 64  # longest evaluated input (8 × train_max_length)

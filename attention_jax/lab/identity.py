@@ -45,6 +45,7 @@ NOT_TRAINING = (
     'train.stop_after', 'train.max_minutes', 'train.log_every', 'train.checkpoint_every',
     'train.checkpoint_keep', 'train.tensorboard',  # when to stop, log and checkpoint
     'train.steps_per_call',  # steps fused per compiled call: the same training (to 1e-6)
+    'train.mesh', 'train.model_parallel',  # where the state lives: the same training (to 1e-5)
     'progress', 'distributed', 'deterministic_gpu', 'imports',  # how the process runs
 )
 # Fields whose change re-evaluates a stored model.

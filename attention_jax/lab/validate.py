@@ -23,6 +23,7 @@ from attention_jax.lab import models
 from attention_jax.lab import tasks
 from attention_jax.lab.cluster import check_shard
 from attention_jax.lab.errors import ConfigError
+from attention_jax.lab.train import mesh as train_mesh
 from attention_jax.nn.additive import SCORES
 from attention_jax.positional import ENCODINGS
 from attention_jax.positional import parse_encoding_spec
@@ -244,6 +245,7 @@ def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -
   _require(tr.batch_size % devices == 0,
            f'train.batch_size={tr.batch_size} is not divisible by the {devices} devices '
            'the batch is split over; use a multiple of the device count.')
+  train_mesh.check(tr, devices)
   task_names = config.study.tasks if study else (t.name,)
   _check_names(task_names, tasks.TASKS, 'study.tasks' if study else 'task.name')
   kinds = config.study.models if study else (m.kind,)
@@ -267,6 +269,10 @@ def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -
   refusal = task_refusal(config, task_names, kinds)
   _require(refusal is None, refusal)
   _config_check(models.precision, config)  # model.dtype, model.param_dtype
+  sharded = [k for k in kinds if k != 'transformer']
+  _require(tr.get('mesh', 'data') == 'data' or not sharded,
+           f"train.mesh={tr.get('mesh')!r} shards the transformer's named parameter axes; "
+           f"model.kind={sharded[0] if sharded else ''!r} has none: use train.mesh='data'.")
   if 'transformer' not in kinds:
     return  # the remaining checks concern transformers only
 

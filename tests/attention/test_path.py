@@ -165,8 +165,9 @@ class PathLogitsTest(chex.TestCase, parameterized.TestCase):
 class PathAgainstFlaReferenceTest(chex.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(
-      ('gate_gqa', True, 2, 11, 4), ('no_gate_gqa', False, 2, 11, 4),
-      ('gate_mha', True, 4, 9, 64), ('no_gate_mqa', False, 1, 13, 4))
+      ('gate_gqa', True, 2, 11, 4), ('no_gate_mqa', False, 1, 13, 4),
+      ('no_gate_gqa', False, 2, 11, 4), ('gate_mha', True, 4, 9, 64))
+  @tiers.fast_cases(2)  # a gate and none, grouped and multi-query; the rest in the slow tier
   def test_dense_equals_naive_path_attn_outputs_and_gradients(self, gate, h_kv, t, chunk):
     args = inputs(t=t, h_kv=h_kv, gate=gate)
     scale = args[0].shape[-1] ** -0.5
@@ -187,6 +188,7 @@ class PathAgainstFlaReferenceTest(chex.TestCase, parameterized.TestCase):
     chex.assert_trees_all_close(grads_got, grads_want, atol=2e-4, rtol=2e-4)
 
   @parameterized.named_parameters(('gate', True), ('no_gate', False))
+  @tiers.fast_cases(1)  # the gated form has the other's terms and more
   def test_blockwise_equals_naive_path_attn_outputs_and_gradients(self, gate):
     args = inputs(t=11, gate=gate)
     scale = args[0].shape[-1] ** -0.5

@@ -15,7 +15,8 @@ whose kernels agree is exported for both at once, which costs about one
 export (`_export`).
 
 Programs: the train step (`train/step.py`) of every encoding, plain, with
-seeds stacked (`jax.vmap`) and data parallel on a mesh; the per-length
+seeds stacked (`jax.vmap`), data parallel on a mesh, and FSDP and tensor
+parallel (`train.mesh`); the per-length
 evaluation (`evaluate/lengths.py`), teacher-forced and by cached generation,
 also with the seeds stacked, at lengths where 'auto' runs blockwise, and with
 RoPE context extension; `generate` (`nn/transformer.py`); the diagnostics'
@@ -42,6 +43,7 @@ from attention_jax.lab import models
 from attention_jax.lab import tasks
 from attention_jax.lab.evaluate import rope_scaled
 from attention_jax.lab.evaluate.lengths import evaluation_program
+from attention_jax.lab.train import mesh as train_mesh
 from attention_jax.lab.train.loop import data_mesh
 from attention_jax.lab.train.optimizer import make_optimizer
 from attention_jax.lab.train.step import step_function
@@ -50,19 +52,20 @@ from attention_jax.positional import registry
 from attention_jax.positional.rope import RopeScaling
 from configs import copy as copy_config
 from configs import seq2seq as seq2seq_config
+from tests import tiers
 
 PLATFORMS = ('tpu', 'cuda')
 BACKENDS = {'tpu': 'tpu', 'cuda': 'gpu'}  # what jax.default_backend() says there
 # Every registry encoding, then the study's modified ones (randomized,
 # coupled, stick-breaking): 'SPEC:stick_breaking' sets model.normalization.
-ENCODINGS = tuple(registry.ENCODINGS) + tuple(
-    e for e in copy_config.ALL if e not in registry.ENCODINGS) + (
-        'alibi:stick_breaking',)
 # Programs whose encoding-specific part is the train step's or the
 # evaluation's (stacked seeds, cached `generate`, weights) take a few:
 # traced positions, data-dependent biases, stick-breaking.
 SOME_ENCODINGS = ('learned', 'windowed_rope:coupled', 'rope:randomized', 'fox',
                   'none:stick_breaking')
+# SOME_ENCODINGS first: the cases `make test` keeps (`tiers.fast_cases`).
+ENCODINGS = tuple(dict.fromkeys(SOME_ENCODINGS + tuple(registry.ENCODINGS) + tuple(
+    e for e in copy_config.ALL if e not in registry.ENCODINGS) + ('alibi:stick_breaking',)))
 STACKED_ENCODINGS = ('windowed_rope:coupled',)  # coupled positions, drawn per seed
 # Encodings the blockwise kernels serve (no bias, a linear one, stick-breaking):
 # a long sequence must not run 'dense'.
@@ -84,8 +87,10 @@ def _name(*parts) -> str:
 
 
 def _cases(encodings=ENCODINGS):
+  """Each entry on both platforms, side by side (so one export can serve
+  both: `_export`), in the order given: `tiers.fast_cases` keeps the first."""
   return [dict(testcase_name=_name(p, e), platform=p, entry=e)
-          for p in PLATFORMS for e in encodings]
+          for e in encodings for p in PLATFORMS]
 
 
 @contextlib.contextmanager
@@ -224,6 +229,7 @@ class LoweringTest(chex.TestCase, parameterized.TestCase):
     return exported, picks
 
   @parameterized.named_parameters(_cases())
+  @tiers.fast_cases(2 * len(SOME_ENCODINGS))  # every other encoding in the slow tier
   def test_train_step_lowers_for_platform(self, platform, entry):
     c, _, _, graphdef, state = _parts(entry)
     self._lowers(('train', entry), _train_program(c, graphdef), (state, _int(), _int()),
@@ -231,18 +237,21 @@ class LoweringTest(chex.TestCase, parameterized.TestCase):
 
   # Its attention is the train step's forward: a few encodings suffice.
   @parameterized.named_parameters(_cases(SOME_ENCODINGS + ('learned:randomized', 'cope')))
+  @tiers.fast_cases(4)
   def test_evaluation_lowers_for_platform(self, platform, entry):
     c, graphdef, state, _, _ = _parts(entry)
     self._lowers(('evaluate', entry), _eval_program(c, graphdef), (state, KEY, _int()),
                  platform)
 
   @parameterized.named_parameters(_cases())
+  @tiers.fast_cases(4)
   def test_generation_scoring_lowers_for_platform(self, platform, entry):
     c, graphdef, state, _, _ = _parts(entry)
     self._lowers(('generation', entry), _eval_program(c, graphdef, generation=True),
                  (state, KEY, _int()), platform)
 
   @parameterized.named_parameters(_cases(SOME_ENCODINGS))
+  @tiers.fast_cases(4)
   def test_cached_generate_lowers_for_platform(self, platform, entry):
     _, graphdef, state, _, _ = _parts(entry)
     build = lambda: jax.jit(lambda s, prompt: generate(nnx.merge(graphdef, s), prompt,
@@ -250,6 +259,7 @@ class LoweringTest(chex.TestCase, parameterized.TestCase):
     self._lowers(('generate', entry), build, (state, _int((BATCH, PROMPT))), platform)
 
   @parameterized.named_parameters(_cases(SOME_ENCODINGS + ('cope', 'dape')))
+  @tiers.fast_cases(4)
   def test_attention_weights_lower_for_platform(self, platform, entry):
     # What the diagnostics run (eagerly there): a kernel that forms the weights.
     c, graphdef, state, _, _ = _parts(entry)
@@ -301,7 +311,37 @@ class LoweringTest(chex.TestCase, parameterized.TestCase):
     if devices > 1:  # the batch, or the seeds, laid along the mesh axis
       self.assertIn('{"data"}', exported.mlir_module())
 
+  @parameterized.named_parameters(
+      dict(testcase_name=_name(p, layout), platform=p, layout=layout)
+      for layout in ('fsdp', 'tensor') for p in PLATFORMS)
+  @tiers.fast_cases(2)
+  def test_sharded_train_step_lowers_for_platform(self, platform, layout):
+    """`train.mesh='fsdp'` and `'tensor'` (`train/mesh.py`) on an abstract
+    mesh of 2 devices: the state laid out by the layout's rules, the batch
+    along its batch axis, traced under the rules as the loop traces it."""
+    shape, names = ((2,), ('fsdp',)) if layout == 'fsdp' else ((1, 2), ('data', 'model'))
+    mesh = jax.sharding.AbstractMesh(shape, names,
+                                     axis_types=(jax.sharding.AxisType.Auto,) * len(shape))
+    c, _, _, graphdef, state = _parts('rope')
+    rules = train_mesh.RULES[layout]
+    specs = jax.tree.leaves(train_mesh.state_specs(state, rules),
+                            is_leaf=lambda x: isinstance(x, P))
+    leaves, treedef = jax.tree.flatten(state)
+    sharded = treedef.unflatten([jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                      sharding=NamedSharding(mesh, spec))
+                                 for x, spec in zip(leaves, specs)])
+    build = _train_program(c, graphdef, data_sharding=NamedSharding(
+        mesh, P(train_mesh.batch_axis(mesh))))
+    replicated = NamedSharding(mesh, P())
+    with jax.sharding.use_abstract_mesh(mesh), nnx.logical_axis_rules(rules):
+      exported, _ = self._lowers(('sharded', layout), build,
+                                 (sharded, _int(sharding=replicated), _int(sharding=replicated)),
+                                 platform)
+    self.assertEqual(exported.nr_devices, 2)
+    self.assertIn('{"fsdp"}' if layout == 'fsdp' else '{"model"}', exported.mlir_module())
+
   @parameterized.named_parameters(_cases(BLOCKWISE_ENCODINGS))
+  @tiers.fast_cases(2)
   def test_long_train_step_and_evaluation_lower_blockwise_for_platform(self, platform, entry):
     # From AUTO_CHUNKED_MIN_KEYS tokens on 'auto' leaves 'dense'; a multiple
     # of 128 tokens, so the TPU kernels can take them too.
@@ -320,7 +360,8 @@ class LoweringTest(chex.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(
       dict(testcase_name=_name(p, m), platform=p, method=m)
-      for p in PLATFORMS for m in ('pi', 'ntk', 'yarn'))
+      for m in ('pi', 'ntk', 'yarn') for p in PLATFORMS)
+  @tiers.fast_cases(2)
   def test_rope_context_extension_evaluation_lowers_for_platform(self, platform, method):
     c = _parts('rope')[0]
     model = nnx.eval_shape(lambda: models.build_model(c, 0))
@@ -331,8 +372,10 @@ class LoweringTest(chex.TestCase, parameterized.TestCase):
     self._lowers(('rope', method), _eval_program(c, graphdef), (state, KEY, _int()), platform)
 
   @parameterized.named_parameters(
-      dict(testcase_name=_name(p, *m), platform=p, model=m) for p in PLATFORMS
-      for m in (('seq2seq', True, 'additive'), ('seq2seq_attention', False, 'additive')))
+      dict(testcase_name=_name(p, *m), platform=p, model=m)
+      for m in (('seq2seq_attention', False, 'additive'), ('seq2seq', True, 'additive'))
+      for p in PLATFORMS)
+  @tiers.fast_cases(2)
   def test_seq2seq_train_and_evaluation_lower_for_platform(self, platform, model):
     # experiments/seq2seq_bottleneck.py's models: trained, scored by greedy
     # decoding and, with attention, their alignments drawn.

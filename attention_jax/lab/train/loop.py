@@ -1,10 +1,11 @@
 """The training loop: build, restore, compile once, step, log, checkpoint.
 
 One run (`train`) or all seeds of one setup in one program (`train_seeds`).
-Data parallel over every local device with one code path: a 1-D mesh named
-'data', the state replicated, each batch sharded along its first axis (one
-device is the same code with a mesh of one); for stacked seeds, the seed
-axis is laid along the mesh instead when there are enough seeds.
+Over every device with one code path, on the mesh `train.mesh` names
+(`train.mesh`): data parallel by default (a 1-D mesh 'data', the state
+replicated, each batch sharded along its first axis; one device is the same
+code with a mesh of one; for stacked seeds, the seed axis is laid along the
+mesh instead when there are enough seeds), or FSDP, or tensor parallel.
 """
 
 import contextlib
@@ -34,21 +35,17 @@ from attention_jax.lab.train.interrupt import TIME_BUDGET
 from attention_jax.lab.train.interrupt import TrainingInterrupted
 from attention_jax.lab.train.interrupt import raise_if_stopped
 from attention_jax.lab.train.interrupt import stop_requests
+from attention_jax.lab.train import mesh as meshes
+from attention_jax.lab.train.mesh import training_mesh
 from attention_jax.lab.train.metrics import MetricsWriter
 from attention_jax.lab.train.optimizer import learning_rate_schedule
 from attention_jax.lab.train.optimizer import make_optimizer
 from attention_jax.lab.train.step import step_function
 
 def data_mesh() -> jax.sharding.Mesh:
-  """A 1-D mesh 'data' over every device (all hosts' with jax.distributed).
-
-  The axis is 'Auto' (XLA propagates shardings from our constraints), not the
-  'Explicit' default of recent JAX, which would make every op's sharding part
-  of its type.
-  """
-  axis_type = getattr(jax.sharding, 'AxisType', None)
-  kwargs = {'axis_types': (axis_type.Auto,)} if axis_type else {}
-  return jax.make_mesh((jax.device_count(),), ('data',), **kwargs)
+  """A 1-D mesh 'data' over every device (all hosts' with jax.distributed):
+  `train.mesh='data'`'s (`train.mesh`)."""
+  return meshes.make('data')
 
 
 # The clock of the time budget (`train.max_minutes`); tests move it.
@@ -223,9 +220,10 @@ def _train(configs, workdirs, *, progress, tx, vmapped=False, deadline=None):
   splits = [nnx.split((m, nnx.Optimizer(m, tx, wrt=nnx.Param))) for m in built]
   graphdef, layout = splits[0][0], models.batch_layout(built[0])
   num_seeds, devices = len(configs), jax.device_count()
-  mesh = data_mesh()
-  seed_axis = vmapped and num_seeds >= devices and num_seeds % devices == 0
-  data_sharding = None if seed_axis else NamedSharding(mesh, P('data'))
+  mesh, rules = training_mesh(t_cfg), meshes.rules_of(t_cfg)
+  seed_axis = (vmapped and rules is None and num_seeds >= devices
+               and num_seeds % devices == 0)
+  data_sharding = None if seed_axis else NamedSharding(mesh, P(meshes.batch_axis(mesh)))
   jitted = step_function(
       graphdef=graphdef, task=task,
       batch_size=t_cfg.batch_size, min_length=config.task.train_min_length,
@@ -251,14 +249,18 @@ def _train(configs, workdirs, *, progress, tx, vmapped=False, deadline=None):
   for i in diverged:
     checkpointers[i].close()
     checkpointers[i] = None
+  specs = meshes.state_specs(states[0], rules, stacked=vmapped)
+  if rules is not None:  # before anything compiles: a weight its mesh axis does not divide
+    meshes.check_divides(states[0], meshes.state_specs(states[0], rules), mesh, t_cfg.get('mesh', 'data'))
   if vmapped:
     seed = jnp.asarray([c.train.seed for c in configs], jnp.int32)
     state = jax.tree.map(lambda *xs: jnp.stack(xs), *states)
-    state = jax.device_put(state, NamedSharding(mesh, P('data' if seed_axis else None)))
+    state = (jax.device_put(state, NamedSharding(mesh, P('data'))) if seed_axis
+             else meshes.place(state, mesh, specs))
     per_seed = lambda tree, i: jax.tree.map(lambda x: x[i], tree)
   else:
     seed = jnp.int32(t_cfg.seed)
-    state = jax.device_put(states[0], NamedSharding(mesh, P()))  # replicated
+    state = meshes.place(states[0], mesh, specs)  # 'data': replicated
     per_seed = lambda tree, i: tree
   del states, splits, built
   writers = [MetricsWriter(None if i in diverged else w, start_step=start, tensorboard=t_cfg.tensorboard,
@@ -293,7 +295,7 @@ def _train(configs, workdirs, *, progress, tx, vmapped=False, deadline=None):
       for step in range(start, t_cfg.num_steps, k):
         if len(diverged) == num_seeds:
           break  # every run diverged: nothing left to train
-        with jax.set_mesh(mesh):  # attention's Pallas kernels run per device on it
+        with meshes.active(mesh, rules):  # the mesh, and the rules its constraints read
           state, metrics = jitted(state, np.int32(step), seed)  # [k] or [k, S] per key
         pending.append(metrics)
         done = step + k
