@@ -101,7 +101,9 @@ def write_study_outputs(rows, workdir: str, config: ml_collections.ConfigDict,
     hard.write_hard(os.path.join(workdir, hard.HARD_FILE), hard_table)
   results.write_rows(os.path.join(workdir, 'results.csv'), rows)
   results.write_ceiling(os.path.join(workdir, 'ceiling.csv'), ceilings)
-  summary = results.summary_markdown(rows, t.train_min_length, t.train_max_length)
+  summary = results.summary_markdown(
+      rows, t.train_min_length, t.train_max_length,
+      hard_sets={name: getattr(tasks.TASKS.get(name), 'hard_set', '') for name in task_names})
   if hard_table:
     summary += '\n' + hard_report.hard_markdown(hard_table, rows)
   summary += '\n' + results.ceiling_markdown(ceilings, t.train_max_length)

@@ -2,7 +2,7 @@
 
 import csv
 import os
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -148,9 +148,11 @@ def number(value: float, digits: int = 1) -> str:
   return str(int(value)) if float(value).is_integer() else f'{value:.{digits}f}'
 
 
-def summary_markdown(rows: Sequence[dict], train_min: int, train_max: int) -> str:
+def summary_markdown(rows: Sequence[dict], train_min: int, train_max: int,
+                     hard_sets: Optional[dict] = None) -> str:
   """Per task and metric, a table: encoding × (training range, 2×, 4×, 8×),
-  each cell mean ± std over seeds, in percent."""
+  each cell mean ± std over seeds, in percent. `hard_sets`: each task's
+  kinds of hard case (`Task.hard_set`), named above its hard table."""
   lines = diverged_note(rows)
   lines += [f'Accuracy in percent, mean ± std over seeds, then the worst seed\'s (one '
            f'seed: its value). Training inputs had '
@@ -175,11 +177,10 @@ def summary_markdown(rows: Sequence[dict], train_min: int, train_max: int) -> st
                       '| ' + ' | '.join(header[:2] + ['steps'] + header[2:]) + ' |',
                       '|' + '---|' * (len(header) + 1)]
       if metric == HARD:
-        kinds = ('carry chains, unequal operands, zeros' if task == 'addition' else
-                 'low-entropy strings')
-        lines[-2:-2] = [f'Exact match on the hard cases at each length (tasks/hard_cases.py: '
-                        f'{kinds}), scored as the uniform table above; the details in '
-                        'hard.csv and below.', '']
+        kinds = (hard_sets or {}).get(task)
+        lines[-2:-2] = [f'Exact match on the hard cases at each length (tasks/hard_cases.py'
+                        + (f': {kinds}' if kinds else '') + '), scored as the uniform table '
+                        'above; the details in hard.csv and below.', '']
       for enc in encodings:
         sel = [dict(r, value=r[metric]) for r in rows
                if r['task'] == task and r['encoding'] == enc and r.get(metric) is not None]

@@ -13,6 +13,8 @@ import attention_jax as aj
 from attention_jax.attention.chunked import choose_strategy
 from attention_jax.attention.chunked import chunked_attention
 
+from tests import tiers
+
 B, T, H, D = 2, 37, 3, 8  # T not a multiple of the chunks: padding paths run
 BOTH = ('scan', 'unrolled')  # the strategies ('auto' picks one of them)
 
@@ -35,8 +37,9 @@ def _dense(q, k, v, *, causal, lengths, alibi):
 class ChunkedAttentionTest(chex.TestCase, parameterized.TestCase):
 
   @chex.variants(with_jit=True, without_jit=True)
-  @parameterized.product(causal=(False, True), alibi=(False, True),
+  @parameterized.product(causal=(True, False), alibi=(True, False),
                          chunks=((8, 16), (64, 64)), strategy=BOTH)
+  @tiers.fast_cases(4)  # causal with ALiBi, both chunkings and strategies; the rest: slow tier
   def test_equals_dense_in_outputs_and_gradients(self, causal, alibi, chunks, strategy):
     q, k, v = _qkv()
     lengths = jnp.array([T, 20])
@@ -154,6 +157,7 @@ class ModuleImplementationTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
       (f'{e}_{impl}', e, impl) for e in IN_ATTENTION for impl in ('chunked', 'auto'))
+  @tiers.fast_cases(6)  # three encodings; every other one in the slow tier
   def test_module_paths_agree(self, encoding, implementation):
     from flax import nnx  # pylint: disable=g-import-not-at-top
     dense = aj.MultiHeadAttention(32, 4, causal=True, encoding=encoding, implementation='dense',

@@ -12,6 +12,8 @@ import numpy as np
 
 import attention_jax as aj
 
+from tests import tiers
+
 B, T, H, D = 2, 8, 2, 4
 # (implementation, chunked_strategy, normalization): each kernel path on CPU.
 PATHS = (('dense', 'auto', 'softmax'), ('chunked', 'scan', 'softmax'),
@@ -68,6 +70,7 @@ class MaskedValuesTest(parameterized.TestCase):
     self._assert_no_influence(attend, v.at[1, 5:].set(bad), rows)
 
   @parameterized.named_parameters(*_cases())
+  @tiers.fast_cases(4)
   def test_future_values_have_no_influence(self, implementation, strategy, normalization,
                                            bad):
     attend = self._attend(implementation, strategy, normalization, causal=True)

@@ -5,6 +5,8 @@ on CPU."""
 
 import json
 import os
+import subprocess
+import sys
 import tempfile
 import threading
 
@@ -278,6 +280,55 @@ class ReportTest(chex.TestCase):
     self.assertIsNone(published.dape_2024('even_pairs', 'rope'))  # their table: randomized only
     self.assertEqual(set(published._DAPE_2024_ROWS) | {'binary_multiplication'},
                      set(registry.TASKS))
+
+
+_DEVICES_SCRIPT = """
+import json, sys, tempfile
+import jax
+from attention_jax.lab.chomsky import suite
+from attention_jax.lab.errors import ConfigError
+from configs import chomsky as chomsky_config
+c = chomsky_config.get_config('scale=tiny')
+c.study.tasks, c.study.encodings = ('parity_check', 'reverse_string'), ('rope:randomized',)
+c.eval.update(batch_size=4, num_samples=8)
+records = suite.run_suite(c, tempfile.mkdtemp(), progress=lambda line: None)
+out = dict(devices=jax.device_count(),
+           records=[dict(task=r['task'], accuracies=r['accuracies'], log=r.get('log'))
+                    for r in records])
+c.eval.update(batch_size=2, num_samples=8)
+try:
+  suite.validate(c)
+except ConfigError as e:
+  out['refused'] = str(e)
+print('RESULT' + json.dumps(out))
+"""
+
+
+@pytest.mark.slow  # two processes, one of them on 4 emulated devices
+class DataParallelTest(chex.TestCase):
+
+  def _run(self, devices):
+    env = dict(os.environ, JAX_PLATFORMS='cpu',
+               XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}')
+    out = subprocess.run([sys.executable, '-c', _DEVICES_SCRIPT], env=env, timeout=900,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(
+                             os.path.abspath(__file__)))), capture_output=True, text=True)
+    self.assertEqual(out.returncode, 0, out.stderr[-3000:])
+    return json.loads(out.stdout.split('RESULT', 1)[1])
+
+  def test_four_devices_train_and_score_as_one(self):
+    one, four = self._run(1), self._run(4)
+    self.assertEqual((one['devices'], four['devices']), (1, 4))
+    self.assertEqual([r['task'] for r in one['records']], [r['task'] for r in four['records']])
+    for a, b in zip(one['records'], four['records']):
+      # The same training up to the order of the gradients' reductions: the
+      # losses logged after every call, and the scores of the same models on
+      # the same examples.
+      for x, y in zip(a['log'] or [], b['log'] or []):
+        self.assertAlmostEqual(x['loss'], y['loss'], places=5)
+      np.testing.assert_allclose(a['accuracies'], b['accuracies'], atol=1e-6)
+    self.assertNotIn('refused', one)  # one device divides every batch
+    self.assertIn('eval.batch_size=2 is not divisible by the 4 devices', four['refused'])
 
 
 class PaperPresetTest(chex.TestCase):

@@ -18,6 +18,8 @@ from attention_jax.lab import tasks as lab_tasks
 from attention_jax.lab.tasks.chomsky import registry
 from attention_jax.lab.tasks.chomsky.expressions import evaluate_arithmetic
 
+from tests import tiers
+
 LENGTHS = (1, 2, 3, 4, 5, 8, 13)
 BATCH = 48
 
@@ -181,6 +183,7 @@ def _generate(name, n, batch=BATCH, max_length=13, seed=0):
 class OutputsTest(chex.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(*[(name, name) for name in RULES])
+  @tiers.fast_cases(4)  # every other task in the slow tier
   def test_outputs_equal_theirs_at_every_length(self, name):
     for n in LENGTHS:
       task, x, y = _generate(name, n)

@@ -212,8 +212,9 @@ class TablesTest(absltest.TestCase):
     self.assertEqual(results.cell([]), '—')
     rows = [_row(s, n, e, h) for s, e, h in ((0, 1.0, 1.0), (1, 0.9, 0.4))
             for n in (1, 2, 4)]
-    text = results.summary_markdown(rows, 1, 2)
+    text = results.summary_markdown(rows, 1, 2, hard_sets={'copy': 'low-entropy strings'})
     self.assertIn('### copy: hard cases, exact match', text)
+    self.assertIn('(tasks/hard_cases.py: low-entropy strings)', text)
     # 1–L: seed 0 100, seed 1 90 (exact), 40 (hard); the worst seed beside the mean.
     self.assertIn('| rope | 2 | 95.0 ± 5.0, worst 90.0 |', text)
     self.assertIn('| rope | 2 | 70.0 ± 30.0, worst 40.0 |', text)
@@ -285,7 +286,7 @@ class EnsureTest(absltest.TestCase):
     self.assertLen(loads, 1)
     config.eval.lengths = (1, 2)
     self.assertFalse(hard.is_current(run_dir, config))
-    self.assertFalse(hard_cases.has_cases(tasks.get_task('parity_check')))
+    self.assertEqual(tasks.get_task('parity_check').hard_set, '')  # no hard set
 
 
 @pytest.mark.slow

@@ -14,6 +14,8 @@ from absl.testing import parameterized
 from attention_jax.lab import tasks
 from attention_jax.lab.tasks import input_forms
 
+from tests import tiers
+
 # (task, bad input symbols, what the message must say)
 BAD_INPUTS = (
     ('binary_addition', [1, 2, 2, 1], 'exactly one operator .*found 2'),
@@ -70,6 +72,7 @@ class BadInputTest(parameterized.TestCase):
 class GeneratedInputsPassTest(parameterized.TestCase):
 
   @parameterized.parameters(*sorted(tasks.SPECS))
+  @tiers.fast_cases(4)  # every other task in the slow tier
   def test_every_drawn_input_is_accepted(self, name):
     spec = tasks.get_spec(name).with_alphabet(8)
     lengths = jnp.asarray(np.repeat(np.arange(1, 13), 12), jnp.int32)

@@ -13,6 +13,8 @@ from attention_jax.lab import tasks
 from attention_jax.lab.chomsky import layout
 from attention_jax.lab.tasks import copy
 
+from tests import tiers
+
 _LENGTHS = np.array([1, 2, 5, 6])
 _N = 6
 
@@ -25,6 +27,7 @@ def _draw(spec, seed=0):
 class TaskKindsTest(chex.TestCase, parameterized.TestCase):
 
   @parameterized.parameters(*tasks.SPECS)
+  @tiers.fast_cases(4)  # every other task in the slow tier
   def test_decoder_layout_holds_the_specs_draw(self, name):
     spec, task = tasks.get_spec(name), tasks.get_task(name)
     x, y = _draw(spec)
@@ -41,6 +44,7 @@ class TaskKindsTest(chex.TestCase, parameterized.TestCase):
                                     np.arange(nx + 2, nx + 3 + ny))
 
   @parameterized.parameters(*tasks.SPECS)
+  @tiers.fast_cases(4)
   def test_encoder_layout_holds_the_specs_draw(self, name):
     spec = tasks.get_spec(name)
     n = 5

@@ -10,6 +10,7 @@ from flax import nnx
 
 import attention_jax as aj
 from tests import references as ref
+from tests import tiers
 
 ENCODINGS = sorted(aj.ENCODINGS)
 # Encodings that act inside attention; the others are added to the embeddings.
@@ -65,6 +66,7 @@ class MultiHeadAttentionModuleTest(chex.TestCase, parameterized.TestCase):
   @parameterized.named_parameters(
       (f'{e}_{jnp.dtype(d).name}', d, e)
       for e in IN_ATTENTION for d in (jnp.float32, jnp.bfloat16, jnp.float16))
+  @tiers.fast_cases(6)  # two encodings in every dtype; every other encoding in the slow tier
   def test_dtypes(self, dtype, encoding):
     mha = aj.MultiHeadAttention(16, 4, causal=True, encoding=encoding, dtype=dtype,
                                 max_positions=8, rngs=nnx.Rngs(0))
@@ -103,6 +105,7 @@ class CausalityTest(parameterized.TestCase):
   """The output at t must not depend on inputs after t, whatever the encoding."""
 
   @parameterized.named_parameters((e, e) for e in ENCODINGS)
+  @tiers.fast_cases(8)
   def test_no_gradient_from_the_future(self, encoding):
     t, d = 6, 16
     enc = aj.make_encoding(encoding, d_model=d, num_heads=4, max_positions=t, rngs=nnx.Rngs(0))

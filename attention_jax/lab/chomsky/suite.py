@@ -37,6 +37,7 @@ import os
 import time
 from typing import Callable, Optional
 
+import jax
 import ml_collections
 import numpy as np
 from flax import nnx
@@ -137,6 +138,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if e.num_samples % e.batch_size:
     raise ConfigError(f'invalid config: eval.num_samples={e.num_samples} must be a multiple of '
                       f'eval.batch_size={e.batch_size} (their accuracy averages sub-batches).')
+  devices = jax.device_count()
+  for field, value in (('train.batch_size', t.batch_size), ('eval.batch_size', e.batch_size)):
+    if value % devices:  # each batch is split over the devices (`trainer`: data parallel)
+      raise ConfigError(f'invalid config: {field}={value} is not divisible by the {devices} '
+                        'devices each batch is split over; use a multiple of the device count.')
   if not t.min_length <= t.max_length:
     raise ConfigError(f'invalid config: train.min_length={t.min_length} > '
                       f'train.max_length={t.max_length}.')

@@ -25,6 +25,11 @@ embedding rows of symbols a task never uses are never read. The model is
 then the official one for that task, with a few inert parameters, and one
 compiled program serves every task of a shape (`layout.padded_slots`).
 
+Devices: data parallel over every device, as the study trains (`train.mesh`
+'data'): the state replicated on a 1-D mesh 'data', each batch split along
+its rows (training and evaluation alike; the batch sizes must be multiples
+of the device count). One device is the same code with a mesh of one.
+
 Evaluation follows `experiments/range_evaluation.py`: every length of the
 evaluation range, `eval.num_samples` examples in sub-batches of `eval.batch_size`, the
 accuracy at a length the mean of the sub-batches' (`protocol`), randomized
@@ -47,6 +52,8 @@ import ml_collections
 import numpy as np
 import optax
 from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from attention_jax.lab.chomsky import layout
 from attention_jax.lab.chomsky import protocol
@@ -55,6 +62,7 @@ from attention_jax.lab.train.interrupt import TIME_BUDGET
 from attention_jax.lab.train.interrupt import TrainingInterrupted
 from attention_jax.lab.train.interrupt import stop_signal
 from attention_jax.lab.train.loop import out_of_time
+from attention_jax.lab.train.mesh import make as make_mesh
 from attention_jax.lab.tasks.spec import TaskSpec
 from attention_jax.nn.encoder import TransformerEncoder
 from attention_jax.positional import parse_encoding_spec
@@ -108,6 +116,17 @@ class Programs:
     self.config, self.vocab_size, self.num_classes = config, vocab_size, num_classes
     self.max_slots = max_slots  # every model is built alike, so programs are shared
     self._cache = {}
+    self.mesh = make_mesh('data')  # module docstring: data parallel
+    self.replicated = NamedSharding(self.mesh, P())
+    self._rows = NamedSharding(self.mesh, P('data'))
+
+  def split_rows(self, batch: dict, rows: int) -> dict:
+    """`batch` with each array of `rows` rows laid along the mesh (inside a
+    traced program; the rest, e.g. the class count, left to XLA)."""
+    if self.mesh.size == 1:
+      return batch
+    return {k: jax.lax.with_sharding_constraint(v, self._rows)
+            if v.ndim and v.shape[0] == rows else v for k, v in batch.items()}
 
   @classmethod
   def for_tasks(cls, config: ml_collections.ConfigDict, tasks: list[TaskSpec]):
@@ -157,17 +176,19 @@ class Programs:
     def make():
       steps = lambda seed, start: jax.vmap(lambda i: one(seed, i))(
           start + jnp.arange(t.steps_per_call))
-      return jax.jit(jax.vmap(steps, in_axes=(0, None)))
+      return jax.jit(jax.vmap(steps, in_axes=(0, None)), out_shardings=self.replicated)
     return self._get(('train_data', task.name, slots), make)
 
   def train_chunk(self, graphdef, rest, encoding: str, learning_rate: float, slots: int):
     """jit (params, opt_state, batches) -> (params, opt_state, loss [S], accuracy [S])."""
     kind = noise_kind(encoding)
     tx = optimizer(self.config, learning_rate)
+    t = self.config.train
 
     def step(carry, batch):
       params, opt_state = carry
       keys = {k: jax.random.wrap_key_data(batch.pop(k)) for k in ('noise_key', 'dropout_key')}
+      batch = self.split_rows(batch, t.batch_size)
 
       def loss_fn(p):
         logits = self.forward(graphdef, rest, p, batch, keys['noise_key'], kind,
@@ -201,7 +222,8 @@ class Programs:
         return dict(batch, noise_key=jax.random.key_data(noise_key),
                     dropout_key=jax.random.key_data(jax.random.fold_in(k, 1)))
       return jax.vmap(sub)(keys)
-    return self._get(('eval_data', task.name, slots, padded), lambda: jax.jit(at))
+    return self._get(('eval_data', task.name, slots, padded),
+                     lambda: jax.jit(at, out_shardings=self.replicated))
 
   def eval_batches(self, task: TaskSpec, n: int, slots: int, padded: int) -> dict:
     """The evaluation's sub-batches at length n, with the task's class count;
@@ -226,6 +248,7 @@ class Programs:
       def sub(batch):
         key = jax.random.wrap_key_data(batch.pop('noise_key'))
         dropout_key = jax.random.wrap_key_data(batch.pop('dropout_key'))
+        batch = self.split_rows(batch, self.config.eval.batch_size)
         logits = self.forward(graphdef, rest, params, batch, key, kind,
                               dropout_key=dropout_key if dropout else None)
         return protocol.batch_accuracy(logits, batch)
@@ -283,6 +306,9 @@ def train(programs: Programs, group: list[TaskSpec], encoding: str, seeds: list[
       state['params'], state['opt_state'] = jax.tree.map(
           jnp.asarray, (state['params'], state['opt_state']))
   state['loss'], state['accuracy'] = np.array(state['loss']), np.array(state['accuracy'])
+  # Replicated on the mesh, as the batches (`Programs.train_data`) are.
+  state['params'], state['opt_state'] = jax.device_put(
+      (state['params'], state['opt_state']), programs.replicated)
   names = [task.name for task in group]
   seed_array = jnp.asarray(seeds, jnp.int32)
   classes = jnp.repeat(jnp.asarray([task.output_size for task in group], jnp.int32), len(seeds))

@@ -35,7 +35,6 @@ from attention_jax.lab.evaluate.lengths import bucket_floor
 from attention_jax.lab.evaluate.lengths import buckets
 from attention_jax.lab.evaluate.lengths import eval_lengths
 from attention_jax.lab.scoring import prediction_metrics
-from attention_jax.lab.tasks import hard_cases
 from attention_jax.lab.timing import Stopwatch
 from attention_jax.lab.train.interrupt import raise_if_stopped
 
@@ -64,17 +63,17 @@ def hard_batches(task, lengths: Sequence[int], *, train_max: int, vocab_size: in
   the batch of all of them (`tasks.LAYOUTS[layout]`'s arrays `[B, T]`); []
   for a task without a hard set."""
   out = []
-  if not hard_cases.has_cases(task):
+  if not task.hard_set:
     return out
   for bucket, bucket_lengths in buckets(sorted(lengths), train_max).items():
     labels, inputs = [], []
     for n in bucket_lengths:
-      for case, value in hard_cases.cases(task, n, vocab_size):
+      for case, value in task.hard_cases(n, vocab_size):
         labels.append((n, case))
         inputs.append(value)
     if not inputs:
       continue
-    fixed = hard_cases.Fixed(task, inputs, vocab_size, bucket)
+    fixed = task.with_inputs(inputs, vocab_size, bucket)
     key = jax.random.key(KEY)
     batch = tasks.LAYOUTS[layout](fixed, key, fixed.lengths, vocab_size=vocab_size,
                                   max_input_length=bucket)
@@ -136,12 +135,12 @@ def config_rows(trained: Sequence[nnx.Module], configs: Sequence[ml_collections.
 def expected_cases(config: ml_collections.ConfigDict) -> set:
   """{(length, case, count)} the config's hard set holds (empty: no hard set)."""
   task = models.configured_task(config)
-  if not hard_cases.has_cases(task):
+  if not task.hard_set:
     return set()
   out = set()
   for n in eval_lengths(config):
     found: dict = {}
-    for case, _ in hard_cases.cases(task, n, config.task.vocab_size):
+    for case, _ in task.hard_cases(n, config.task.vocab_size):
       found[case] = found.get(case, 0) + 1
     out |= {(n, case, count) for case, count in found.items()}
   return out

@@ -48,6 +48,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from attention_jax.lab.tasks import hard_cases as hard
 from attention_jax.lab.tasks.batches import BOS, EOS, NUM_SPECIAL, PAD, SEP
 from attention_jax.lab.tasks.batches import check_lengths
 
@@ -74,6 +75,20 @@ class Addition:
   digit_tokens = DIGITS  # what Abacus embeddings count
   has_seq2seq = False
   ceiling = False  # the sum is not copied from the input: no k-gram ceiling
+  hard_set = 'carry chains, unequal operands, zeros'  # the kinds of its hard cases
+
+  def hard_cases(self, n: int, vocab_size: int) -> list:
+    """(case, (a, b)) of its hard set at n digits (`hard_cases.addition_cases`)."""
+    del vocab_size  # decimal
+    return hard.addition_cases(n)
+
+  def with_inputs(self, inputs, vocab_size: int, max_length: int) -> hard.Fixed:
+    """This task with its draw replaced by the sums `inputs`, pairs (a, b)."""
+    del vocab_size
+    numbers = hard.addition_numbers(self, inputs, max_length)
+    lengths = [[len(str(a)), len(str(b))] for a, b in inputs]
+    return hard.Fixed(self, lengths, max_length,
+                            lambda key: self._layout(*numbers, key, max_length))
 
   def configure(self, task_config) -> 'Addition':
     """This task with the options `task_config` (the config's `task` group)

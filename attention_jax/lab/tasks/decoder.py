@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attention_jax.lab.tasks import coupling
+from attention_jax.lab.tasks import hard_cases as hard
 from attention_jax.lab.tasks.batches import BOS
 from attention_jax.lab.tasks.batches import EOS
 from attention_jax.lab.tasks.batches import NUM_SPECIAL
@@ -56,6 +57,23 @@ class DecoderTask:
   def ceiling(self) -> bool:
     """Outputs copied from x: the k-gram ceiling applies."""
     return self.spec.copies_inputs
+
+  @property
+  def hard_set(self) -> str:
+    """The kinds of its hard cases (`hard_cases`); '' for none."""
+    return 'low-entropy strings' if self.spec.copies_inputs else ''
+
+  def hard_cases(self, n: int, vocab_size: int) -> list:
+    """(case, input symbols) of its hard set at length n (`hard_cases.string_cases`)."""
+    if not self.hard_set:
+      return []
+    return hard.string_cases(n, self.spec.with_alphabet(vocab_size).input_size)
+
+  def with_inputs(self, inputs, vocab_size: int, max_length: int) -> hard.Fixed:
+    """This task with its draw replaced by the input strings `inputs`."""
+    symbols = hard.string_symbols(self, inputs, vocab_size, max_length)
+    return hard.Fixed(self, [len(x) for x in inputs], max_length,
+                            lambda key: self._layout(*symbols, max_length), symbols)
 
   def configure(self, task_config) -> 'DecoderTask':
     del task_config  # the alphabet comes with each call (`vocab_size`); no other options

@@ -58,6 +58,16 @@ class FlipFlop:
   digit_tokens = ()  # no digit runs for Abacus embeddings to count
   has_seq2seq = False
   ceiling = False  # the read bit is not a k-gram lookup of the input
+  # No hard set: its sparse and dense evaluation sets (flipflop_sparse,
+  # flipflop_dense) are where it is hard.
+  hard_set = ''
+
+  def hard_cases(self, n: int, vocab_size: int) -> list:
+    del n, vocab_size
+    return []
+
+  def with_inputs(self, inputs, vocab_size: int, max_length: int):
+    raise ValueError(f'{self.name} has no hard set to lay out.')
 
   def __post_init__(self):
     _check_p_ignore(self.p_ignore, f'{self.name}: p_ignore')

@@ -29,21 +29,21 @@ the top digit, `n ≥ 18` for two 8-grams and what follows them); random
 digits and symbols are drawn from a generator seeded by n, so every model,
 every seed and every rerun is scored on the same inputs.
 
-`cases(task, n, vocab_size)` gives `(case, input)` pairs: `(a, b)` ints for
-addition, a list of symbols otherwise; `()` for a task without a hard set.
-`fixed(task, inputs, vocab_size, max_length)` is `task` with its draw
-replaced by those inputs, for `tasks.make_batch` / `make_seq2seq_batch` to
-lay out exactly as they lay out a drawn batch.
+A task owns its hard set (`tasks.protocol.Task`): `task.hard_set` names its
+kinds ('' for none), `task.hard_cases(n, vocab_size)` gives `(case, input)`
+pairs (`(a, b)` ints for addition, a list of symbols otherwise) from the
+generators here, and `task.with_inputs(inputs, vocab_size, max_length)` is
+`task` with its draw replaced by those inputs (`Fixed`), for
+`tasks.make_batch` / `make_seq2seq_batch` to lay out exactly as they lay out
+a drawn batch.
 """
 
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 import jax.numpy as jnp
 import numpy as np
 
-from attention_jax.lab.tasks.addition import Addition
 from attention_jax.lab.tasks.batches import NUM_SPECIAL
-from attention_jax.lab.tasks.decoder import DecoderTask
 
 SAMPLES = 4  # draws per random case and length (the named chains are one sum each)
 NGRAM = 8  # the repeated n-gram's length: above every default lookup window (6)
@@ -186,37 +186,19 @@ def chomsky_cases(spec, n: int) -> list[tuple[str, list[int]]]:
   return _chomsky(n, spec.input_size, CHOMSKY[spec.name])
 
 
-def has_cases(task) -> bool:
-  """Whether `task` (a decoder-protocol task) has a hard set."""
-  return isinstance(task, Addition) or (
-      isinstance(task, DecoderTask) and task.spec.copies_inputs)
-
-
-def cases(task, n: int, vocab_size: int) -> list[tuple[str, object]]:
-  """`task`'s hard cases at length n; [] for a task without a hard set."""
-  if isinstance(task, Addition):
-    return addition_cases(n)
-  if has_cases(task):
-    return string_cases(n, task.spec.with_alphabet(vocab_size).input_size)
-  return []
-
-
 class Fixed:
-  """`task` whose `example` (and `symbols`) give the examples `inputs` (as
-  `cases` gives them) instead of drawing; every other attribute is
-  `task`'s, so the batch functions lay them out as a drawn batch.
-  `lengths` `[B, 2]` (addition: operand digits) or `[B]` are what
-  `tasks.make_batch` takes with them."""
+  """`task` whose `example` (and `symbols`) give laid-out hard cases instead
+  of drawing; every other attribute is `task`'s, so the batch functions lay
+  them out as a drawn batch. Made by `task.with_inputs`: `lengths` `[B, 2]`
+  (addition: operand digits) or `[B]`, what `tasks.make_batch` takes with
+  them; `example(key)` the task's layout of the inputs; `symbols` their
+  symbol arrays where the task has them (`DecoderTask.symbols`)."""
 
-  def __init__(self, task, inputs: Sequence, vocab_size: int, max_length: int):
+  def __init__(self, task, lengths, max_length: int, example: Callable,
+               symbols: Optional[tuple] = None):
     self._task, self._max_length = task, max_length
-    if isinstance(task, Addition):
-      self._numbers = _addition_numbers(task, inputs, max_length)
-      la, lb = ([len(str(v)) for v in column] for column in zip(*inputs))
-      self.lengths = jnp.asarray(np.stack([la, lb], axis=1), jnp.int32)
-    else:
-      self._symbols = _string_symbols(task, inputs, vocab_size, max_length)
-      self.lengths = jnp.asarray([len(x) for x in inputs], jnp.int32)
+    self._example, self._symbols = example, symbols
+    self.lengths = jnp.asarray(lengths, jnp.int32)
 
   def __getattr__(self, name):
     return getattr(self._task, name)
@@ -229,17 +211,17 @@ class Fixed:
   def example(self, key, lengths, vocab_size, max_length):
     del lengths, vocab_size
     self._check(max_length)
-    if isinstance(self._task, Addition):
-      return self._task._layout(*self._numbers, key, max_length)  # pylint: disable=protected-access
-    return self._task._layout(*self._symbols, max_length)  # pylint: disable=protected-access
+    return self._example(key)
 
   def symbols(self, key, lengths, vocab_size, max_length):
     del key, lengths, vocab_size
     self._check(max_length)
+    if self._symbols is None:
+      raise AttributeError(f'{self._task.name} lays out no symbol arrays.')
     return self._symbols
 
 
-def _addition_numbers(task: Addition, pairs: Sequence[tuple[int, int]], max_length: int):
+def addition_numbers(task, pairs: Sequence[tuple[int, int]], max_length: int):
   """`Addition.numbers`' arrays for the given (a, b): digits least
   significant first a, b `[B, N]`, s `[B, N + 1]`, and la, lb, ls `[B]` as
   written (with `pad_zeros`, la = lb = the longer, ls one more)."""
@@ -257,7 +239,7 @@ def _addition_numbers(task: Addition, pairs: Sequence[tuple[int, int]], max_leng
   return tuple(jnp.asarray(rows[k], jnp.int32) for k in ('a', 'b', 's', 'la', 'lb', 'ls'))
 
 
-def _string_symbols(task: DecoderTask, strings: Sequence[Sequence[int]], vocab_size: int,
+def string_symbols(task, strings: Sequence[Sequence[int]], vocab_size: int,
                     max_length: int):
   """`DecoderTask.symbols`' arrays for the given input strings: token ids x
   `[B, N]`, y `[B, output_length(N)]` (the task's rule applied) and their

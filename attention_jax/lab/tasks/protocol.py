@@ -26,6 +26,7 @@ class Task(Protocol):
   digit_tokens: tuple  # token ids Abacus embeddings count; () for none
   has_seq2seq: bool  # `batches.make_seq2seq_batch` lays it out for encoder-decoders
   ceiling: bool  # outputs copied from the input: the k-gram ceiling applies
+  hard_set: str  # the kinds of its hard cases, for the reports; '' for none
 
   def configure(self, task_config) -> 'Task':
     """This task with the options of the config's `task` group; a ValueError
@@ -68,3 +69,12 @@ class Task(Protocol):
   def check_max_position(self, max_position: int, max_length: int) -> None:
     """A ValueError where coupled ids up to `max_length` cannot stay below
     `max_position`."""
+
+  def hard_cases(self, n, vocab_size: int) -> list:
+    """Its hard evaluation set at length n: (case name, raw input) pairs, as
+    `encode` takes the input (`hard_cases.py`); [] for none."""
+
+  def with_inputs(self, inputs, vocab_size: int, max_length: int):
+    """This task with its draw replaced by `hard_cases`' inputs, laid out
+    at `max_length` (`hard_cases.Fixed`: `example` gives them, `lengths`
+    what the batch functions take with them)."""
