@@ -14,9 +14,10 @@ samples per length, one learning rate). It
 writes per-setting records under `settings/`, results.csv, summary.md (a
 table per task and the published numbers beside ours) and chomsky.png (tasks
 × encodings grouped by Chomsky level). Expected (docs/chomsky.md has the
-measured run: 17 min 37 s on 2 cores, alone): the randomized versions ahead
-of the plain ones by 3.5–5.9 points on average, most on bucket_sort (81–86%
-against 19–67%) and even_pairs (randomized relative and RoPE 81–87%); the
+measured run: 19 min 55 s in a fresh clone of 00fbaa3, alone on the 2-core
+CPU, 2026-12-05): the randomized versions ahead of the plain ones by 2.4–5.6
+points on average, most on bucket_sort (72–84% against 19–71%) and
+even_pairs (randomized relative and RoPE 80–85%); the
 regular tasks but even_pairs, and most others, near chance past the
 training lengths at this scale.
 Re-running the command skips finished settings.
@@ -26,7 +27,12 @@ Presets by `:arg`, comma-separated `key=value`:
   scale=NAME      cpu (default) | paper (the published setting: 5 layers,
                   d_model 64, 8 heads, batch 128, lengths 1–40 then 1–500
                   with 512 samples each, their learning-rate grid, seeds and
-                  steps; for accelerators) | tiny (the tests' smoke run)
+                  steps; for accelerators; not yet run) | tiny (the tests'
+                  smoke run: 4 steps of every one of the 135 settings, 2
+                  seeds; 5 min 36 s in a fresh clone of 00fbaa3, alone on
+                  the 2-core CPU, 2026-12-05, nearly all of it compiling one
+                  program per encoding and task shape; the tests run 2 tasks
+                  × 3 encodings of it)
   tasks=A+B       a subset of the 15, or any task of attention_jax.lab.tasks.SPECS
                   (copy, reverse and duplicate too, alphabet 16)
   encodings=A+B   a subset or others (any registry name that runs

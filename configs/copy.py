@@ -15,11 +15,14 @@ rope+yarn), and writes results.csv, ceiling.csv, summary.md and
 extrapolation.png to the workdir. Expected: every entry near 100% token
 accuracy in the training range; past it only the entries told where to look
 (windowed_rope:coupled) or copying by content (mta_lookup) stay exact. The
-measured numbers and the wall time (about 8 minutes on a 2-core CPU) are in
-docs/results.md, written from a real run.
+measured numbers are in docs/results.md, written from a real run; it took
+9 min 18 s in a fresh clone of b3000b3, alone on the 2-core CPU, 2026-12-05
+(hard set included).
 
 One model: `python -m experiments.train --config=configs/copy.py:encoding=rope
---workdir=runs/one`. Presets by `:arg`, comma-separated `key=value`:
+--workdir=runs/one` (68 s: 2,000 steps and the evaluation, in a fresh
+clone of 00fbaa3, alone on the 2-core CPU, 2026-12-05).
+Presets by `:arg`, comma-separated `key=value`:
 
   encoding=ENTRY  the one run (train.py) or the only entry swept
                   (length_extrapolation.py): BASE[:PART…], BASE an encoding
@@ -31,12 +34,12 @@ One model: `python -m experiments.train --config=configs/copy.py:encoding=rope
   scale=NAME      the model and its training: cpu (default) | paper (Delétang
                   et al. 2022 / Ruoss et al. 2023: 5 layers, 8 heads, batch
                   128, train lengths 1–40, evaluation to 500, 10 seeds; for
-                  GPU/TPU) | tiny (the tests' smoke run: 5 steps for every
+                  GPU/TPU; not yet run) | tiny (the tests' smoke run: 5 steps for every
                   entry, variants included, every length in one evaluation
                   program; mostly compiling, three programs per entry (train
                   step, evaluation, generation): the default study's 8
-                  entries took 103 s of CPU time, 590 s wall on the 2-core
-                  CPU under load 15-19 from other jobs)
+                  entries took 56 s in a fresh clone of 00fbaa3, alone on
+                  the 2-core CPU, 2026-12-05)
   study=NAME      which entries and tasks a study sweeps: STUDIES below
                   (default | extended | frontier | all | generalize)
 
