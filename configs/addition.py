@@ -24,7 +24,8 @@ Presets by `:arg`, comma-separated `key=value`, as configs/copy.py:
                   (length_extrapolation.py); the variants below are parts
                   of an entry: `none:abacus`, `fire:abacus`, `fire:hints`
   scale=NAME      cpu (default) | paper (Cho et al. 2024's 1-layer coupling
-                  run, scripts/addition/run_coupling.sh; for GPU/TPU) | tiny
+                  run, scripts/addition/run_coupling.sh; for GPU/TPU; not
+                  yet run) | tiny
                   (the tests' smoke run: 5 steps for every entry, 4 sums per
                   length, every length in one program; the default study's
                   10 entries took 89 s in a fresh clone of 00fbaa3, alone
