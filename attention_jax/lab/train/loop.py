@@ -249,14 +249,14 @@ def _train(configs, workdirs, *, progress, tx, vmapped=False, deadline=None):
   for i in diverged:
     checkpointers[i].close()
     checkpointers[i] = None
-  specs = meshes.state_specs(states[0], rules, stacked=vmapped)
+  specs = meshes.state_specs(states[0], rules)
   if rules is not None:  # before anything compiles: a weight its mesh axis does not divide
-    meshes.check_divides(states[0], meshes.state_specs(states[0], rules), mesh, t_cfg.get('mesh', 'data'))
+    meshes.check_divides(states[0], specs, mesh, t_cfg.get('mesh', 'data'))
   if vmapped:
     seed = jnp.asarray([c.train.seed for c in configs], jnp.int32)
     state = jax.tree.map(lambda *xs: jnp.stack(xs), *states)
     state = (jax.device_put(state, NamedSharding(mesh, P('data'))) if seed_axis
-             else meshes.place(state, mesh, specs))
+             else meshes.place(state, mesh, meshes.with_seed_axis(specs)))
     per_seed = lambda tree, i: jax.tree.map(lambda x: x[i], tree)
   else:
     seed = jnp.int32(t_cfg.seed)

@@ -113,19 +113,20 @@ def active(mesh: jax.sharding.Mesh, rules: Optional[tuple]):
     yield
 
 
-def state_specs(state: nnx.State, rules: Optional[tuple], *, stacked: bool = False):
+def state_specs(state: nnx.State, rules: Optional[tuple]):
   """A PartitionSpec per leaf of a (model, optimizer) `state`: every
   parameter and its AdamW moments as the rules ask by their logical axis
   names, the rest (step counts, keys) replicated; all replicated without
-  rules. `stacked`: the leaves carry a leading seed axis, kept whole."""
+  rules."""
   if rules is None:
-    specs = jax.tree.map(lambda _: P(), state)
-  else:
-    with nnx.logical_axis_rules(rules):
-      specs = nnx.get_partition_spec(state)
-  if stacked:
-    specs = jax.tree.map(lambda s: P(None, *s), specs, is_leaf=lambda x: isinstance(x, P))
-  return specs
+    return jax.tree.map(lambda _: P(), state)
+  with nnx.logical_axis_rules(rules):
+    return nnx.get_partition_spec(state)
+
+
+def with_seed_axis(specs):
+  """`specs` of stacked states: a leading seed axis, kept whole."""
+  return jax.tree.map(lambda s: P(None, *s), specs, is_leaf=lambda x: isinstance(x, P))
 
 
 def check_divides(state: nnx.State, specs, mesh: jax.sharding.Mesh, train_mesh: str) -> None:
