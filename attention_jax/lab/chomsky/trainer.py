@@ -303,10 +303,9 @@ def train(programs: Programs, group: list[TaskSpec], encoding: str, seeds: list[
     state, start = checkpoints.restore_latest(state)
     if start:
       progress(f'    resuming at step {start} from {checkpoint_dir}')
-      state['params'], state['opt_state'] = jax.tree.map(
-          jnp.asarray, (state['params'], state['opt_state']))
   state['loss'], state['accuracy'] = np.array(state['loss']), np.array(state['accuracy'])
-  # Replicated on the mesh, as the batches (`Programs.train_data`) are.
+  # On device (restored ones too), replicated on the mesh as the batches
+  # (`Programs.train_data`) are.
   state['params'], state['opt_state'] = jax.device_put(
       (state['params'], state['opt_state']), programs.replicated)
   names = [task.name for task in group]
