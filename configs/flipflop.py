@@ -25,7 +25,10 @@ Presets by `:arg`, comma-separated `key=value`, as configs/copy.py:
                   | paper (the paper's setting, for GPU/TPU, not yet run:
                   256 instructions, a 6-layer GPT-2 of width 512, 10,000
                   steps of 16, tests to 1,024 instructions with 4,096
-                  sequences per set and length)
+                  sequences per set and length; its train step and longest
+                  evaluation lower for TPU and CUDA, blockwise, for rope,
+                  path and rnope_swa: tests/lab/test_lowering.py -k
+                  flipflop_paper)
                   | tiny (the tests' smoke run: 5 steps for every entry; the
                   13 entries took 96 s in a fresh clone of 00fbaa3, alone
                   on the 2-core CPU, 2026-12-05, nearly all of it compiling)

@@ -20,7 +20,8 @@ parallel (`train.mesh`); the per-length
 evaluation (`evaluate/lengths.py`), teacher-forced and by cached generation,
 also with the seeds stacked, at lengths where 'auto' runs blockwise, and with
 RoPE context extension; `generate` (`nn/transformer.py`); the diagnostics'
-attention weights; the seq2seq models.
+attention weights; the seq2seq models; the flip-flop paper preset (a
+6-layer model of width 512 at 2,048 tokens), which no CPU run trains.
 """
 
 import contextlib
@@ -32,6 +33,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from absl.testing import absltest
 from absl.testing import parameterized
 from flax import nnx
@@ -41,6 +43,7 @@ from jax.sharding import PartitionSpec as P
 from attention_jax.attention import dispatch
 from attention_jax.lab import models
 from attention_jax.lab import tasks
+from attention_jax.lab import validate
 from attention_jax.lab.evaluate import rope_scaled
 from attention_jax.lab.evaluate.lengths import evaluation_program
 from attention_jax.lab.train import mesh as train_mesh
@@ -51,6 +54,7 @@ from attention_jax.nn.decoding import generate
 from attention_jax.positional import registry
 from attention_jax.positional.rope import RopeScaling
 from configs import copy as copy_config
+from configs import flipflop as flipflop_config
 from configs import seq2seq as seq2seq_config
 from tests import tiers
 
@@ -390,6 +394,32 @@ class LoweringTest(chex.TestCase, parameterized.TestCase):
           x, m, c.task.train_max_length + 1, return_weights=True))
       self._lowers(('alignment', *model), build,
                    (state, source, source.update(dtype=jnp.bool_)), platform)
+
+  @parameterized.named_parameters(_cases(('path', 'rope', 'rnope_swa')))
+  @pytest.mark.slow  # a paper-size model traced at 2,000+ tokens: CI's slow tier
+  def test_flipflop_paper_preset_builds_and_lowers_for_platform(self, platform, entry):
+    """configs/flipflop.py:scale=paper, which this CPU cannot train: the
+    config passes the study's checks, the 6-layer GPT-2 of width 512 is
+    built (shapes only), and its train step (16 sequences of 256
+    instructions) and the evaluation at its longest length (1,024
+    instructions) lower for the platform."""
+    c = flipflop_config.get_config(f'scale=paper,encoding={entry}')
+    validate.validate_config(c, study=True)
+    self.assertEqual((c.model.num_layers, c.model.d_model, c.task.train_max_length,
+                      c.eval.max_length), (6, 512, 256, 1024))
+    tx = make_optimizer(c.train)
+    model, optimizer = nnx.eval_shape(lambda: (
+        lambda m: (m, nnx.Optimizer(m, tx, wrt=nnx.Param)))(models.build_model(c, 0)))
+    graphdef, state = nnx.split(model)
+    train_graphdef, train_state = nnx.split((model, optimizer))
+    self._lowers(('paper_train', entry), _train_program(c, train_graphdef),
+                 (train_state, _int(), _int()), platform)
+    _, picks = self._lowers(('paper_evaluate', entry), _eval_program(c, graphdef),
+                            (state, KEY, _int()), platform)
+    # BOS and 1,024 (instruction, bit) pairs, the last bit predicted, not read.
+    self.assertEqual(models.longest_sequence(c), 2 * 1024)
+    self.assertTrue(picks)
+    self.assertNotIn('dense', picks)  # no [64, 8, 2048, 2048] score array
 
   @parameterized.parameters(*PLATFORMS)
   def test_exported_modules_call_no_host_callback(self, platform):
