@@ -41,9 +41,9 @@ from absl import app
 from absl import flags
 from flax import nnx
 
-from attention_jax.lab import models
+from attention_jax.lab.protocols import decoder
 from attention_jax.lab import tasks
-from attention_jax.lab.study import run_study
+from attention_jax.lab.runs.study import run_study
 from attention_jax.lab.train import make_optimizer
 from attention_jax.lab.train.step import step_function
 from benchmarks import timing
@@ -99,8 +99,8 @@ def throughput_rows() -> list[dict]:
   steps = _CALLS.value * STEPS_PER_CALL
   for label, pack_segments, batch_size in THROUGHPUT:
     config = _config(pack_segments, batch_size)
-    task = models.configured_task(config)
-    model = models.build_model(config, 0)
+    task = decoder.configured_task(config)
+    model = decoder.build_model(config, 0)
     graphdef, state = nnx.split((model, nnx.Optimizer(model, make_optimizer(config.train),
                                                       wrt=nnx.Param)))
     jitted = step_function(

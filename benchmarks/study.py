@@ -26,7 +26,7 @@ import time
 from absl import app
 from absl import flags
 
-from attention_jax.lab.study import run_study
+from attention_jax.lab.runs.study import run_study
 from benchmarks.report import write_report
 from configs import copy as copy_config
 

@@ -36,8 +36,8 @@ from flax import nnx
 from attention_jax.lab import tasks
 from attention_jax.lab.train import loop
 from attention_jax.lab.train import make_optimizer
-from attention_jax.lab import models
-from attention_jax.lab.scoring import masked_metrics
+from attention_jax.lab.protocols import decoder
+from attention_jax.lab.evaluate.scoring import masked_metrics
 from attention_jax.lab.train.step import step_function
 from attention_jax.lab.train.step import train_step
 from benchmarks import timing
@@ -56,7 +56,7 @@ def main(argv):
   config = copy_config.get_config()
   config.progress, config.train.tensorboard = False, False
   m, tr, steps = config.model, config.train, _STEPS.value
-  model = models.build_model(config, 0)
+  model = decoder.build_model(config, 0)
   task = tasks.get_task(config.task.name)
   batch_kw = dict(batch_size=tr.batch_size, min_length=config.task.train_min_length,
                   max_length=config.task.train_max_length, vocab_size=config.task.vocab_size)
@@ -75,7 +75,7 @@ def main(argv):
     losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction='none')
     return (losses * weight).sum() / weight.sum()
 
-  ours_loss = float(masked_metrics(models.forward_batch(model, batch), batch)['loss'])
+  ours_loss = float(masked_metrics(decoder.forward_batch(model, batch), batch)['loss'])
   np.testing.assert_allclose(torch_loss().item(), ours_loss, rtol=1e-5)  # same model first
   opt = torch.optim.AdamW(net.parameters(), lr=tr.learning_rate, betas=(tr.adam_b1, tr.adam_b2),
                           weight_decay=tr.weight_decay)

@@ -41,9 +41,9 @@ try:  # installed: the presets ship as attention_jax.configs
 except ModuleNotFoundError:  # the clone, run from its root: configs/ is a top-level package
   from configs import copy
 
-from attention_jax.lab import preset_arguments
-from attention_jax.lab import entries
-from attention_jax.lab.entries import entry_config
+from attention_jax.lab.config import preset_arguments
+from attention_jax.lab.config import entries
+from attention_jax.lab.config.entries import entry_config
 
 # Named variants (study.variants): parts of an entry (`none:abacus`, `fire:hints`).
 VARIANTS = {

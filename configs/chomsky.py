@@ -56,7 +56,7 @@ requeues itself.
 
 import ml_collections
 
-from attention_jax.lab import preset_arguments
+from attention_jax.lab.config import preset_arguments
 
 TASKS = ('even_pairs', 'modular_arithmetic', 'parity_check', 'cycle_navigation',
          'stack_manipulation', 'reverse_string', 'modular_arithmetic_brackets',

@@ -28,7 +28,7 @@ Presets by `:arg`, comma-separated `key=value`:
                   (length_extrapolation.py): BASE[:PART…], BASE an encoding
                   (attention_jax.ENCODINGS) or a variant (VARIANTS below),
                   PART one of randomized, coupled, stick_breaking
-                  (attention_jax/lab/entries.py)
+                  (attention_jax/lab/config/entries.py)
   task=NAME       copy | reverse | duplicate, or any task of
                   attention_jax.lab.tasks.TASKS (DeepMind's 15, addition)
   scale=NAME      the model and its training: cpu (default) | paper (Delétang
@@ -48,9 +48,9 @@ Any field can be overridden: `--config.model.num_heads=8`.
 
 import ml_collections
 
-from attention_jax.lab import preset_arguments
-from attention_jax.lab import entries
-from attention_jax.lab.entries import entry_config
+from attention_jax.lab.config import preset_arguments
+from attention_jax.lab.config import entries
+from attention_jax.lab.config.entries import entry_config
 
 # Named variants of the default model (study.variants): an entry (or
 # `:encoding=NAME`) naming one trains the default model with these fields
@@ -263,7 +263,7 @@ def get_config(arg=None):
   c.study = ml_collections.ConfigDict()
   c.study.tasks = tasks  # tasks swept by length_extrapolation.py
   c.study.models = ('transformer',)  # model kinds swept; encodings apply to transformers
-  # Entries swept (attention_jax/lab/entries.py: BASE[:PART…]), one label each.
+  # Entries swept (attention_jax/lab/config/entries.py: BASE[:PART…]), one label each.
   c.study.encodings = (preset['encoding'],) if preset['encoding'] else study['encodings']
   # Named variants an entry may name (VARIANTS above): fields of model, task and
   # train that replace the config's for that entry's runs.
@@ -274,10 +274,10 @@ def get_config(arg=None):
   c.study.vmap_seeds = True  # train the seeds of one setup in one compiled program (jax.vmap); False: one after another
   # Setups (task × model × encoding) trained and evaluated at once, in threads:
   # XLA runs their programs side by side, filling cores one small model leaves
-  # idle (see attention_jax/lab/timing.py); 1 = one after another. Same results.
+  # idle (see attention_jax/lab/runs/timing.py); 1 = one after another. Same results.
   c.study.parallel_setups = 2
   # A run directory trained with another config (a field that changes the
-  # trained model, see attention_jax/lab/identity.py): 'error' refuses it,
+  # trained model, see attention_jax/lab/config/identity.py): 'error' refuses it,
   # 'retrain' trains into a fresh sibling directory (seed0-2, …).
   c.study.on_mismatch = 'error'
   # A run directory another process is training (its .lock names host and pid):

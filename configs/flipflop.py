@@ -27,7 +27,7 @@ Presets by `:arg`, comma-separated `key=value`, as configs/copy.py:
                   steps of 16, tests to 1,024 instructions with 4,096
                   sequences per set and length; its train step and longest
                   evaluation lower for TPU and CUDA, blockwise, for rope,
-                  path and rnope_swa: tests/lab/test_lowering.py -k
+                  path and rnope_swa: tests/lab/train/test_lowering.py -k
                   flipflop_paper)
                   | tiny (the tests' smoke run: 5 steps for every entry; the
                   13 entries took 96 s in a fresh clone of 00fbaa3, alone
@@ -45,8 +45,8 @@ except ImportError:  # loaded from its path (--config=configs/flipflop.py)
   except ModuleNotFoundError:  # the clone, run from its root: configs/ is a top-level package
     from configs import copy
 
-from attention_jax.lab import preset_arguments
-from attention_jax.lab.entries import entry_config
+from attention_jax.lab.config import preset_arguments
+from attention_jax.lab.config.entries import entry_config
 
 # RoPE, NoPE and ALiBi (the paper's baselines are RoPE-free GPT-2s; PaTH's
 # paper compares RoPE), then the copy study's frontier: FIRE, CoPE, xPos,

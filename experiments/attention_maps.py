@@ -19,11 +19,11 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from attention_jax.lab import presets
-from attention_jax.lab.diagnose import figure_paths
-from attention_jax.lab.diagnose import run_diagnostics
-from attention_jax.lab.process import entry_point
-from attention_jax.lab.command_line import parse_flags
+from attention_jax.lab.config import presets
+from attention_jax.lab.runs.diagnose import figure_paths
+from attention_jax.lab.runs.diagnose import run_diagnostics
+from attention_jax.lab.runs.process import entry_point
+from attention_jax.lab.config.command_line import parse_flags
 
 _CONFIG = presets.DEFINE_config_file(
     'config', 'copy', 'Study configuration.')

@@ -16,11 +16,11 @@ import sys
 from absl import app
 from absl import flags
 
-from attention_jax.lab import presets
-from attention_jax.lab.chomsky import report
-from attention_jax.lab.chomsky.suite import run_suite
-from attention_jax.lab.process import entry_point
-from attention_jax.lab.command_line import parse_flags
+from attention_jax.lab.config import presets
+from attention_jax.lab.report import suite_report
+from attention_jax.lab.runs.suite import run_suite
+from attention_jax.lab.runs.process import entry_point
+from attention_jax.lab.config.command_line import parse_flags
 from attention_jax.lab.train.divergence import DIVERGED
 
 _CONFIG = presets.DEFINE_config_file('config', 'chomsky', 'Suite configuration.')
@@ -36,7 +36,7 @@ def main(argv):
     return
   print(open(f'{_WORKDIR.value}/summary.md').read())
   print(f'Figure: {_WORKDIR.value}/chomsky.png')
-  diverged = report.diverged_message(records)
+  diverged = suite_report.diverged_message(records)
   if diverged:  # after every setting and the outputs
     print(diverged, file=sys.stderr)
     sys.exit(DIVERGED)

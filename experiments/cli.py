@@ -15,7 +15,7 @@ from absl import app
 def _run(module: str) -> None:
   # Imported on call: each module defines its own absl flags.
   main = importlib.import_module(f'{__package__}.{module}').main
-  from attention_jax.lab.command_line import parse_flags  # pylint: disable=import-outside-toplevel
+  from attention_jax.lab.config.command_line import parse_flags  # pylint: disable=import-outside-toplevel
   app.run(main, flags_parser=parse_flags)
 
 

@@ -15,7 +15,7 @@ from absl import app
 from flax import nnx
 
 import attention_jax as aj
-from attention_jax.lab.command_line import parse_flags
+from attention_jax.lab.config.command_line import parse_flags
 
 
 def main(argv):

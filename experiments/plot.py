@@ -20,9 +20,9 @@ import sys
 from absl import app
 from absl import flags
 
-from attention_jax.lab import workdirs
-from attention_jax.lab.process import USAGE_ERROR
-from attention_jax.lab.command_line import parse_flags
+from attention_jax.lab.runs import workdirs
+from attention_jax.lab.runs.process import USAGE_ERROR
+from attention_jax.lab.config.command_line import parse_flags
 from attention_jax.lab.errors import ConfigError
 
 _WORKDIRS = flags.DEFINE_multi_string('workdir', None, 'Workdir(s) to read.', required=True)

@@ -15,12 +15,12 @@ from absl import app
 from absl import flags
 
 from attention_jax.lab import evaluate
-from attention_jax.lab import presets
+from attention_jax.lab.config import presets
 from attention_jax.lab import tasks
-from attention_jax.lab.plots import plot_alignments
-from attention_jax.lab.process import entry_point
-from attention_jax.lab.command_line import parse_flags
-from attention_jax.lab.study import run_study
+from attention_jax.lab.report.plots import plot_alignments
+from attention_jax.lab.runs.process import entry_point
+from attention_jax.lab.config.command_line import parse_flags
+from attention_jax.lab.runs.study import run_study
 
 _CONFIG = presets.DEFINE_config_file(
     'config', 'seq2seq', 'Study configuration.')

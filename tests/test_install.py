@@ -18,7 +18,7 @@ import zipfile
 from absl.testing import absltest
 import pytest
 
-from attention_jax.lab import presets
+from attention_jax.lab.config import presets
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What the wheel is built from; everything else in the tree stays out of it.
@@ -120,7 +120,7 @@ class InstalledTest(absltest.TestCase):
                      ['attention_jax'])
 
   def test_installed_package_finds_its_own_presets(self):
-    code = ('import importlib.util, attention_jax; from attention_jax.lab import presets; '
+    code = ('import importlib.util, attention_jax; from attention_jax.lab.config import presets; '
             'print(attention_jax.__file__); print(presets.resolve("copy")); '
             'print(importlib.util.find_spec("configs"), importlib.util.find_spec("experiments"))')
     result = subprocess.run([sys.executable, '-c', code], cwd=self.away, env=self.env,

@@ -28,10 +28,10 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from attention_jax.lab import identity
-from attention_jax.lab import models
+from attention_jax.lab.config import identity
+from attention_jax.lab.protocols import decoder
 from attention_jax.lab import tasks
-from attention_jax.lab import workdirs
+from attention_jax.lab.runs import workdirs
 from attention_jax.lab.errors import ConfigError
 from attention_jax.lab.train.loop import load_trained
 from attention_jax.nn import TransformerLM
@@ -75,7 +75,7 @@ class Trained:
     (default `jax.random.key(0)`) draws what the evaluation draws beside the
     input: addition's index-hint start, randomized positions."""
     batch = self.batch(*inputs, key=key)
-    written = np.asarray(models.generate_batch(self.model, batch))[0]
+    written = np.asarray(decoder.generate_batch(self.model, batch))[0]
     written = [int(t) for t in written[np.asarray(batch['loss_mask'])[0]]]
     finished = tasks.EOS in written
     written = written[:written.index(tasks.EOS)] if finished else written
@@ -97,7 +97,7 @@ class Trained:
     if self.task.coupled_max_position:  # offset 1, as the evaluation's
       batch['positions'] = self.task.coupled_positions(
           tokens, lengths, jnp.ones((1,), jnp.int32))[:, :-1]
-    max_position = models.randomized_max_position(self.config)
+    max_position = decoder.randomized_max_position(self.config)
     if max_position and self.config.positions.randomized_eval == 'random':
       batch = tasks.with_random_positions(batch, jax.random.fold_in(key, 2), max_position,
                                           self.config.positions.draw)
@@ -157,5 +157,5 @@ def load(run_dir: str) -> Trained:
   for module in config.get('imports', ()):
     __import__(module)
   model = load_trained(config, run_dir)
-  return Trained(model=model, config=config, task=models.configured_task(config),
+  return Trained(model=model, config=config, task=decoder.configured_task(config),
                  run_dir=run_dir)

@@ -18,7 +18,7 @@ negative side another way; not followed).
 
 Relative positions come from the call's positions (k_position - q_position),
 or from `ScoreContext.distances` (query minus key) when given: Ruoss et al.'s
-randomized version samples the distances (`lab/chomsky/layout.py`). Their
+randomized version samples the distances (`lab/protocols/encoder_layout.py`). Their
 noisy code at e8c6474 shifts the sampled indices by +noise_max_length into a
 table of noise_max_length rows without its negative side, so half of them
 land past the table, where JAX clamps silently; the paper describes sin/cos

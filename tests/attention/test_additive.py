@@ -11,7 +11,7 @@ from flax import nnx
 
 import attention_jax as aj
 from attention_jax.lab import tasks
-from attention_jax.lab import models
+from attention_jax.lab.protocols import decoder
 from attention_jax.lab import train
 from attention_jax.lab.evaluate import evaluate_lengths
 from attention_jax.lab.evaluate import seq2seq_alignment
@@ -76,10 +76,10 @@ class Seq2SeqTest(parameterized.TestCase):
   @parameterized.product(attention=(False, True), bidirectional=(False, True))
   def test_shapes_and_greedy_agrees_with_teacher_forcing(self, attention, bidirectional):
     model, batch = _model(attention, bidirectional), _batch()
-    logits = models.forward_batch(model, batch)
+    logits = decoder.forward_batch(model, batch)
     chex.assert_shape(logits, (2, 6, 9))
     # Feeding the greedy predictions back as decoder inputs reproduces them.
-    predictions = models.predict_batch(model, batch)
+    predictions = decoder.predict_batch(model, batch)
     teacher = jnp.concatenate([batch['decoder_inputs'][:, :1], predictions[:, :-1]], 1)
     np.testing.assert_array_equal(
         jnp.argmax(model(batch['source'], batch['source_mask'], teacher), -1), predictions)

@@ -11,7 +11,7 @@ from flax import nnx
 
 import attention_jax as aj
 from attention_jax.attention.scalable import visible_keys
-from attention_jax.lab.validate import validate_config
+from attention_jax.lab.config.validate import validate_config
 from configs import copy as copy_config
 
 B, T, D_MODEL, H = 2, 12, 16, 4

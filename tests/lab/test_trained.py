@@ -5,7 +5,7 @@ workdirs and a coupled model without positions are refused.
 
 Untrained models (parameters from a seed) suffice: the test is that
 `predict` decodes exactly what the evaluation decodes, whatever the model.
-Loading a trained run from disk: tests/lab/test_tools.py (slow tier).
+Loading a trained run from disk: tests/lab/report/test_tools.py (slow tier).
 """
 
 import os
@@ -18,7 +18,7 @@ import numpy as np
 from absl.testing import absltest
 from absl.testing import parameterized
 
-from attention_jax.lab import models
+from attention_jax.lab.protocols import decoder
 from attention_jax.lab import tasks
 from attention_jax.lab import trained
 from attention_jax.lab.errors import ConfigError
@@ -27,9 +27,9 @@ from configs import copy as copy_config
 
 
 def _run(config) -> trained.Trained:
-  config = models.resolve_options(config)
-  return trained.Trained(model=models.build_model(config, 0), config=config,
-                         task=models.configured_task(config), run_dir='untrained')
+  config = decoder.resolve_options(config)
+  return trained.Trained(model=decoder.build_model(config, 0), config=config,
+                         task=decoder.configured_task(config), run_dir='untrained')
 
 
 def _drawn(run, key, lengths):
@@ -92,8 +92,8 @@ class PredictIsTheEvaluationTest(parameterized.TestCase):
       last = np.flatnonzero(scored)[-1]
       np.testing.assert_array_equal(mine['positions'][0, :last + 1],
                                     batch['positions'][0, :last + 1])
-    ours = np.asarray(models.generate_batch(run.model, mine))[0]
-    theirs = np.asarray(models.generate_batch(run.model, batch))[0]
+    ours = np.asarray(decoder.generate_batch(run.model, mine))[0]
+    theirs = np.asarray(decoder.generate_batch(run.model, batch))[0]
     np.testing.assert_array_equal(ours[scored], theirs[scored])
     prediction = run.predict(*self._raw(run, batch), key=key)
     written = [int(t) for t in ours[np.asarray(mine['loss_mask'][0])]]

@@ -139,7 +139,7 @@ class RandomizedPositionsTest(parameterized.TestCase):
     c = copy_config.get_config('encoding=learned:randomized,scale=tiny')
     self.assertEqual(c.model.encoding, 'learned:randomized')
     c.positions.max_position = 10  # below the 18 positions read at eval.max_length=8
-    from attention_jax.lab.validate import validate_config  # pylint: disable=g-import-not-at-top
+    from attention_jax.lab.config.validate import validate_config  # pylint: disable=g-import-not-at-top
     with self.assertRaisesRegex(ValueError, 'positions.max_position=10 is below the 18 positions'):
       validate_config(c)
 
@@ -148,7 +148,7 @@ class RandomizedPositionsTest(parameterized.TestCase):
   def test_evaluation_positions(self, mode):
     """Randomized models are evaluated on random positions (as trained) or on
     0 … T-1 (the draw itself is tested for reproducibility above)."""
-    from attention_jax.lab.study import run_one  # pylint: disable=g-import-not-at-top
+    from attention_jax.lab.runs.study import run_one  # pylint: disable=g-import-not-at-top
     import tempfile  # pylint: disable=g-import-not-at-top
     c = copy_config.get_config('encoding=learned:randomized,scale=tiny')
     c.positions.randomized_eval = mode

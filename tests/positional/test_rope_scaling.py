@@ -236,7 +236,7 @@ class RandomizedDrawTest(parameterized.TestCase):
     np.testing.assert_array_equal(jitted['positions'], p)
 
   def test_config_field_and_its_check(self):
-    from attention_jax.lab.validate import validate_config  # pylint: disable=g-import-not-at-top
+    from attention_jax.lab.config.validate import validate_config  # pylint: disable=g-import-not-at-top
     c = copy_config.get_config('encoding=learned:randomized,scale=tiny')
     self.assertEqual(c.positions.draw, 'per_example')
     c.positions.draw = 'per_batch'

@@ -12,8 +12,8 @@ from typing import Iterator, Optional
 import ml_collections
 from flax import nnx
 
-from attention_jax.lab import entries
-from attention_jax.lab import models
+from attention_jax.lab.config import entries
+from attention_jax.lab.protocols import decoder
 from attention_jax.lab import tasks
 from attention_jax.positional.rope import RoPE
 from attention_jax.positional.rope import RopeScaling
@@ -55,8 +55,8 @@ def evaluation_variants(config: ml_collections.ConfigDict) -> list[tuple[str, Op
   # Not a variant built on RoPE (rnope_swa): its rows would take plain rope's labels.
   if (config.model.kind == 'transformer' and config.model.encoding == 'rope'
       and not config.model.get('variant')):
-    train_tokens = tasks.tokens_read(models.task_of(config), config.task.train_max_length)
-    factor = config.eval.rope_scale_factor or models.longest_sequence(config) / train_tokens
+    train_tokens = tasks.tokens_read(decoder.task_of(config), config.task.train_max_length)
+    factor = config.eval.rope_scale_factor or decoder.longest_sequence(config) / train_tokens
     for method in config.eval.rope_scalings:
       variants.append((f'rope+{method}', RopeScaling(method, factor, train_tokens)))
   return variants

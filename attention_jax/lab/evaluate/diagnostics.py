@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from attention_jax.lab import models
+from attention_jax.lab.protocols import decoder
 from attention_jax.lab import tasks
 from attention_jax.lab.evaluate import ambiguity
 from attention_jax.lab.evaluate.lengths import bucket_floor
@@ -58,17 +58,17 @@ def failure_rows(model: nnx.Module, config, lengths) -> list[dict]:
   length of `lengths`: `ambiguity.failure_summary` of its first errors
   (teacher-forced: the same first error as greedy generation), with the
   strings' 3- and 4-gram ceilings for comparison. `config`: the run's."""
-  max_position = (models.randomized_max_position(config)
+  max_position = (decoder.randomized_max_position(config)
                   if config.positions.randomized_eval == 'random' else 0)
   strings = evaluation_strings(
-      models.configured_task(config), lengths,
+      decoder.configured_task(config), lengths,
       train_max=bucket_floor(config, eval_lengths(config)),
       num_samples=config.eval.num_samples, vocab_size=config.task.vocab_size,
       eval_seed=config.eval.seed, batch_size=config.eval.batch_size,
       max_position=max_position, draw=config.positions.draw)
   rows = []
   for n, s in strings.items():
-    predictions = np.asarray(models.predict_batch(model, {k: jnp.asarray(v) for k, v in s.items()}))
+    predictions = np.asarray(decoder.predict_batch(model, {k: jnp.asarray(v) for k, v in s.items()}))
     errors = ambiguity.first_errors(s['inputs'], s['targets'], s['loss_mask'], predictions,
                                     eos=tasks.EOS)
     ceiling = ambiguity.ceiling(s['inputs'], s['targets'], s['loss_mask'], (3, 4))

@@ -21,10 +21,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from attention_jax.lab import results
+from attention_jax.lab.report import results
 from attention_jax.lab.evaluate.lengths import buckets
 from attention_jax.lab.evaluate.lengths import evaluation_program
-from attention_jax.lab.timing import Stopwatch
+from attention_jax.lab.runs.timing import Stopwatch
 from attention_jax.lab.train.interrupt import raise_if_stopped
 
 GRID_FIELDS = ('task', 'encoding', 'seed', 'digits_a', 'digits_b', 'exact_match',

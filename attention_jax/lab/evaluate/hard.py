@@ -2,7 +2,7 @@
 at every evaluated length, beside the uniform evaluation.
 
 Scored as the uniform evaluation scores (`evaluate.lengths`): exact match
-of `models.predict_batch` (teacher-forced argmax for the transformer, equal
+of `decoder.predict_batch` (teacher-forced argmax for the transformer, equal
 to greedy decoding's exact match by construction; greedy decoding for
 seq2seq models), each case laid out by the same batch functions, padded to
 the same bucket of its length, at the same positions (coupled ids at
@@ -26,16 +26,16 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from attention_jax.lab import models
-from attention_jax.lab import results
+from attention_jax.lab.protocols import decoder
+from attention_jax.lab.report import results
 from attention_jax.lab import tasks
-from attention_jax.lab.entries import run_label
+from attention_jax.lab.config.entries import run_label
 from attention_jax.lab.evaluate.lengths import PROGRAMS_KEPT
 from attention_jax.lab.evaluate.lengths import bucket_floor
 from attention_jax.lab.evaluate.lengths import buckets
 from attention_jax.lab.evaluate.lengths import eval_lengths
-from attention_jax.lab.scoring import prediction_metrics
-from attention_jax.lab.timing import Stopwatch
+from attention_jax.lab.evaluate.scoring import prediction_metrics
+from attention_jax.lab.runs.timing import Stopwatch
 from attention_jax.lab.train.interrupt import raise_if_stopped
 
 HARD_FILE = 'hard.csv'
@@ -50,7 +50,7 @@ def _program(graphdef):
 
   def exact(state, batch):
     model = nnx.merge(graphdef, state)
-    predictions = models.predict_batch(model, batch)
+    predictions = decoder.predict_batch(model, batch)
     return prediction_metrics(predictions, batch, per_example=True)['exact']
 
   return jax.jit(exact)
@@ -102,7 +102,7 @@ def evaluate_hard(trained: Sequence[nnx.Module], task, lengths: Sequence[int], *
   rows = [[] for _ in trained]
   if not trained:
     return rows
-  layout = models.batch_layout(trained[0])
+  layout = decoder.batch_layout(trained[0])
   for labels, batch in hard_batches(task, lengths, train_max=train_max, vocab_size=vocab_size,
                                     layout=layout, max_position=max_position, draw=draw):
     raise_if_stopped()
@@ -115,7 +115,7 @@ def evaluate_hard(trained: Sequence[nnx.Module], task, lengths: Sequence[int], *
 
 
 def _max_position(config) -> int:
-  return (models.randomized_max_position(config)
+  return (decoder.randomized_max_position(config)
           if config.positions.randomized_eval == 'random' else 0)
 
 
@@ -125,7 +125,7 @@ def config_rows(trained: Sequence[nnx.Module], configs: Sequence[ml_collections.
   setup), each row with its task, encoding (the run's label) and seed."""
   config = configs[0]
   per_model = evaluate_hard(
-      trained, models.configured_task(config), eval_lengths(config),
+      trained, decoder.configured_task(config), eval_lengths(config),
       train_max=bucket_floor(config, eval_lengths(config)), vocab_size=config.task.vocab_size,
       max_position=_max_position(config), draw=config.positions.draw, clock=clock)
   return [[dict(task=c.task.name, encoding=run_label(c), seed=c.train.seed, **r) for r in rows]
@@ -134,7 +134,7 @@ def config_rows(trained: Sequence[nnx.Module], configs: Sequence[ml_collections.
 
 def expected_cases(config: ml_collections.ConfigDict) -> set:
   """{(length, case, count)} the config's hard set holds (empty: no hard set)."""
-  task = models.configured_task(config)
+  task = decoder.configured_task(config)
   if not task.hard_set:
     return set()
   out = set()

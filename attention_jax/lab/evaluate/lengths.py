@@ -28,10 +28,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from attention_jax.lab import models
+from attention_jax.lab.protocols import decoder
 from attention_jax.lab import tasks
-from attention_jax.lab.scoring import prediction_metrics
-from attention_jax.lab.timing import Stopwatch
+from attention_jax.lab.evaluate.scoring import prediction_metrics
+from attention_jax.lab.runs.timing import Stopwatch
 from attention_jax.lab.train.interrupt import raise_if_stopped
 
 
@@ -62,7 +62,7 @@ def bucket_floor(config, lengths: Sequence[int]) -> int:
   training maximum, or with `eval.one_bucket` the longest length, so every
   length shares one padded size and one compiled program (a tiny preset's
   time is its compiles; padding does not change a copy-family result,
-  tests/lab/test_training.py, but it draws addition's operands anew)."""
+  tests/lab/train/test_training.py, but it draws addition's operands anew)."""
   if config.eval.get('one_bucket', False):
     return max(lengths)
   return config.task.train_max_length
@@ -118,20 +118,20 @@ def _metrics(state, *, key, n, graphdef, task, bucket, num_samples, vocab_size,
              max_position, draw, generate) -> dict[str, jax.Array]:
   """Metrics on `num_samples` sequences of input length `n` (traced) padded
   to `bucket`: one compilation per bucket, shared by models of one shape.
-  Without `generate`: `models.predict_batch`'s accuracies (teacher-forced
+  Without `generate`: `decoder.predict_batch`'s accuracies (teacher-forced
   argmax for the transformer, greedy decoding for seq2seq models) and
   `exact`, bool `[num_samples]`; with it, only `exact` of
-  `models.generate_batch`'s predictions (a program of its own, so its time
+  `decoder.generate_batch`'s predictions (a program of its own, so its time
   is its own). `max_position` > 0: randomized positions."""
   model = nnx.merge(graphdef, state)
   lengths = task.fixed_lengths(n, num_samples)
-  batch = tasks.LAYOUTS[models.batch_layout(model)](
+  batch = tasks.LAYOUTS[decoder.batch_layout(model)](
       task, key, lengths, vocab_size=vocab_size, max_input_length=bucket)
   if max_position:
     batch = tasks.with_random_positions(batch, jax.random.fold_in(key, 2), max_position, draw)
   if generate:
-    return prediction_metrics(models.generate_batch(model, batch), batch, per_example=True)
-  predictions = models.predict_batch(model, batch)
+    return prediction_metrics(decoder.generate_batch(model, batch), batch, per_example=True)
+  predictions = decoder.predict_batch(model, batch)
   return dict(prediction_metrics(predictions, batch),
               **prediction_metrics(predictions, batch, per_example=True))
 

@@ -3,7 +3,7 @@ and length (`spec.TaskSpec`): copy, reverse and duplicate (`copy.py`) and
 DeepMind's 15 length-generalization tasks (`chomsky/`), all in `SPECS`. A
 protocol lays a task out for a model: the causal decoder's `BOS x SEP y EOS`
 (`decoder.DecoderTask`, batches in `batches.py`) and the bidirectional
-encoder's `x BLANK…` (`lab.chomsky`); each serves every spec. Multi-digit
+encoder's `x BLANK…` (`lab.protocols.encoder_layout`); each serves every spec. Multi-digit
 addition (`addition.py`: two operands of their own lengths, index hints,
 Abacus digits) and flip-flop language modeling (`flipflop.py`: a 1-bit
 register's instructions, its three distributions) are tasks of the decoder
@@ -13,7 +13,7 @@ protocol only.
 never ask which task they run: every task offers the members of
 `protocol.Task` (a `typing.Protocol`: its name and options, its lengths and
 layout, `example`, `encode` / `decode` for a finished run, and the coupled
-position ids), and `tests/lab/test_task_protocol.py` checks each one.
+position ids), and `tests/lab/tasks/test_task_protocol.py` checks each one.
 
 A new task of the copy family is a rule and one `copy.TASKS` entry; any
 other task is a `TaskSpec` (a generator `(key, length, B, N) -> (x, y)`)
@@ -21,7 +21,15 @@ and one entry in `SPECS`. From outside the package: `register_task(spec)`
 in a module of your own, named in `--config.imports`.
 """
 
-from attention_jax.lab.tasks.batches import BOS, EOS, NUM_SPECIAL, PAD, SEP
+from attention_jax.lab.tasks.batches import BOS
+
+from attention_jax.lab.tasks.batches import EOS
+
+from attention_jax.lab.tasks.batches import NUM_SPECIAL
+
+from attention_jax.lab.tasks.batches import PAD
+
+from attention_jax.lab.tasks.batches import SEP
 from attention_jax.lab.tasks.batches import LAYOUTS
 from attention_jax.lab.tasks.batches import make_batch
 from attention_jax.lab.tasks.batches import make_seq2seq_batch

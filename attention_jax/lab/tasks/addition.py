@@ -49,7 +49,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from attention_jax.lab.tasks import hard_cases as hard
-from attention_jax.lab.tasks.batches import BOS, EOS, NUM_SPECIAL, PAD, SEP
+from attention_jax.lab.tasks.batches import BOS
+from attention_jax.lab.tasks.batches import EOS
+from attention_jax.lab.tasks.batches import NUM_SPECIAL
+from attention_jax.lab.tasks.batches import PAD
+from attention_jax.lab.tasks.batches import SEP
 from attention_jax.lab.tasks.batches import check_lengths
 
 DIGIT0 = NUM_SPECIAL  # digit d is token DIGIT0 + d

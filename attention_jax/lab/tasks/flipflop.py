@@ -36,7 +36,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attention_jax.lab.tasks.batches import BOS, NUM_SPECIAL, PAD
+from attention_jax.lab.tasks.batches import BOS
+
+from attention_jax.lab.tasks.batches import NUM_SPECIAL
+
+from attention_jax.lab.tasks.batches import PAD
 from attention_jax.lab.tasks.batches import check_lengths
 
 WRITE, READ, IGNORE = NUM_SPECIAL, NUM_SPECIAL + 1, NUM_SPECIAL + 2

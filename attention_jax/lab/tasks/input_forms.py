@@ -5,7 +5,7 @@ the same (an operator inside an operand, an empty operand, a stack bit after
 the actions). Each rule takes the input symbols (a list of ints, already in
 `[0, input_size)`) and returns what is wrong, naming the operand or the place
 and what the task allows, or None; the generators' own draws all pass
-(tests/lab/test_input_forms.py).
+(tests/lab/tasks/test_input_forms.py).
 
 Tasks whose inputs are uniform strings (copy, reverse, duplicate, parity,
 even_pairs, cycle_navigation, reverse_string, duplicate_string, odds_first,

@@ -4,7 +4,7 @@
 `Addition` implement it; nothing in the lab asks which task it runs, only
 these members. A new task of another shape (its own operands, its own
 layout) is a frozen dataclass with them and one entry in `tasks.TASKS`;
-`tests/lab/test_task_protocol.py` checks every registered task against this
+`tests/lab/tasks/test_task_protocol.py` checks every registered task against this
 class, names and parameters alike.
 
 Shapes: B examples, T = `sequence_length(max_length)` tokens each; lengths

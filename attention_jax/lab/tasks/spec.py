@@ -6,7 +6,7 @@ neural_networks_chomsky_hierarchy`; Ruoss et al. 2023,
 `google-deepmind/randomized_positional_encodings`, `tasks/`). A protocol
 lays a task out for a model, and every protocol serves every task: the
 causal decoder's `BOS x SEP y EOS` (`decoder.DecoderTask`) and the
-bidirectional encoder's `x BLANK…` (`lab.chomsky.layout`).
+bidirectional encoder's `x BLANK…` (`lab.protocols.encoder_layout`).
 
 A task maps an input string `x` of symbols `0 … input_size-1` to an output
 string `y` of classes `0 … output_size-1`, of `output_length(n)` symbols for

@@ -25,10 +25,10 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from attention_jax.lab import identity
-from attention_jax.lab import locks
-from attention_jax.lab import entries
-from attention_jax.lab import models
+from attention_jax.lab.config import identity
+from attention_jax.lab.runs import locks
+from attention_jax.lab.config import entries
+from attention_jax.lab.protocols import decoder
 from attention_jax.lab.train import divergence
 from attention_jax.lab.train.checkpoint import Checkpointer
 from attention_jax.lab.train.interrupt import TIME_BUDGET
@@ -214,11 +214,11 @@ def _train(configs, workdirs, *, progress, tx, vmapped=False, deadline=None):
   """The loop over one run (`vmapped=False`, one config) or a stacked group
   of seeds; see `train` and `train_seeds`."""
   config, t_cfg = configs[0], configs[0].train
-  task = models.configured_task(config)
+  task = decoder.configured_task(config)
   tx = tx or make_optimizer(t_cfg)
-  built = [models.build_model(c, c.train.seed) for c in configs]
+  built = [decoder.build_model(c, c.train.seed) for c in configs]
   splits = [nnx.split((m, nnx.Optimizer(m, tx, wrt=nnx.Param))) for m in built]
-  graphdef, layout = splits[0][0], models.batch_layout(built[0])
+  graphdef, layout = splits[0][0], decoder.batch_layout(built[0])
   num_seeds, devices = len(configs), jax.device_count()
   mesh, rules = training_mesh(t_cfg), meshes.rules_of(t_cfg)
   seed_axis = (vmapped and rules is None and num_seeds >= devices
@@ -229,7 +229,7 @@ def _train(configs, workdirs, *, progress, tx, vmapped=False, deadline=None):
       batch_size=t_cfg.batch_size, min_length=config.task.train_min_length,
       max_length=config.task.train_max_length, vocab_size=config.task.vocab_size,
       layout=layout, data_sharding=data_sharding,
-      max_position=models.randomized_max_position(config), draw=config.positions.draw,
+      max_position=decoder.randomized_max_position(config), draw=config.positions.draw,
       steps_per_call=t_cfg.steps_per_call, vmap_seeds=vmapped)
   k = t_cfg.steps_per_call  # steps per call; validated to divide every interval
   schedule = learning_rate_schedule(t_cfg)
@@ -381,7 +381,7 @@ def load_trained(config: ml_collections.ConfigDict, workdir: str,
   if not os.path.isdir(directory):
     raise identity.ConfigError(f'{workdir} holds no trained run (no checkpoints/); '
                                'train it first.')
-  model = models.build_model(config, config.train.seed)
+  model = decoder.build_model(config, config.train.seed)
   optimizer = nnx.Optimizer(model, tx or make_optimizer(config.train), wrt=nnx.Param)
   graphdef, state = nnx.split((model, optimizer))
   checkpointer = Checkpointer(directory, every=config.train.num_steps,

@@ -15,7 +15,7 @@ Three layouts, over every device (all hosts' with jax.distributed):
   (Megatron's split), the batch over 'data'.
 
 The layouts compute the same training up to the order of float reductions
-(tests/lab/test_train_mesh.py: equal to 'data' to float tolerance on 4
+(tests/lab/train/test_train_mesh.py: equal to 'data' to float tolerance on 4
 emulated devices), so `train.mesh` is not part of a run's identity: a run
 may resume on another layout or another device count. The parameters'
 logical axis names come from the library (`positional.parameters`); the

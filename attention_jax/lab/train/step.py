@@ -13,9 +13,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attention_jax.lab import models
+from attention_jax.lab.protocols import decoder
 from attention_jax.lab import tasks
-from attention_jax.lab.scoring import masked_metrics
+from attention_jax.lab.evaluate.scoring import masked_metrics
 
 
 def _global_norm(tree) -> jax.Array:
@@ -28,7 +28,7 @@ def train_step(graphdef: nnx.GraphDef, state: nnx.State,
   model, optimizer = nnx.merge(graphdef, state)
 
   def loss_fn(model):
-    metrics = masked_metrics(models.forward_batch(model, batch), batch)
+    metrics = masked_metrics(decoder.forward_batch(model, batch), batch)
     return metrics['loss'], metrics
 
   grads, metrics = nnx.grad(loss_fn, has_aux=True)(model)

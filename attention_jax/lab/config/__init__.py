@@ -1,0 +1,10 @@
+"""How a run is asked for and checked, before anything is built.
+
+`presets` finds a `--config` preset (packaged or a path), `preset_arguments`
+parses its `:key=value` arguments, `command_line` reads and checks the flags,
+`entries` turns a study entry (BASE[:PART…], or a named variant) into the
+config of its runs, `validate` and `task_checks` refuse a bad config early,
+naming the field, `encoding_probe` asks an encoding what it serves, and
+`identity` says which fields make a run what it is (a workdir holds one
+config's runs).
+"""
