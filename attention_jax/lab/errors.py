@@ -4,7 +4,7 @@ encodings' probes).
 
 `ConfigError` is a config or command line that cannot run, found before
 anything is created: the entry points print its one line and exit with
-status 2 (`lab.process.entry_point`).
+status 2 (`lab.runs.process.entry_point`).
 """
 
 

@@ -1,4 +1,4 @@
-"""The encodings the config checks build (`lab.validate`): once per setting,
+"""The encodings the config checks build (`lab.config.validate`): once per setting,
 and their build errors read as config keys."""
 
 import functools

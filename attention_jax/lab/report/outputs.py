@@ -1,6 +1,6 @@
 """A study's outputs: results.csv, summary.md, ceiling.csv and the figure.
 
-Written from finished runs only (`lab.study` calls `write_study_outputs`
+Written from finished runs only (`lab.runs.study` calls `write_study_outputs`
 once every run of the sweep is done), so every output of a workdir covers
 the same runs: this sweep's and earlier ones' that match its config
 (`other_runs`). `ceiling.csv` is the task's own limit on the very strings

@@ -5,7 +5,7 @@ matches the study's config (`outputs.other_runs`), so a second, different
 study in the same workdir (another task, another model or training recipe)
 would replace them and leave the first study's runs out. `check` refuses
 that before anything is written, naming the run and the fields that differ,
-as `lab.identity` refuses a run directory trained with another config. What
+as `lab.config.identity` refuses a run directory trained with another config. What
 a workdir may hold besides this sweep's runs: runs of earlier sweeps of the
 same config (other `study.encodings`/`seeds`/`models`, another evaluation)
 and runs trained toward another `train.num_steps` (an extension).
@@ -48,7 +48,7 @@ def candidate(config: ml_collections.ConfigDict, stored: ml_collections.ConfigDi
 
 def check(config: ml_collections.ConfigDict, workdir: str, runs: list) -> None:
   """Refuses `config`'s study in a `workdir` holding a run of another study
-  (module docstring); `runs`, the planned runs, are checked by `lab.plan`."""
+  (module docstring); `runs`, the planned runs, are checked by `lab.runs.plan`."""
   if identity.on_mismatch(config) == 'retrain' or not os.path.isdir(workdir):
     return
   planned = {os.path.abspath(r.directory) for r in runs}

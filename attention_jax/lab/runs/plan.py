@@ -25,7 +25,7 @@ from attention_jax.lab.config.validate import validate_config
 
 def config_hash(config: ml_collections.ConfigDict, extensions: tuple = ()) -> str:
   """12 hex digits identifying what a run computes: its trained-model and
-  evaluation fields (`lab.identity`) without the seed, so equal for two seeds
+  evaluation fields (`lab.config.identity`) without the seed, so equal for two seeds
   of one setup and different when any hyperparameter, the task, the encoding
   or the evaluation differ; and, for a run trained longer than first planned,
   its `identity.extensions` (steps and counts, not dates): not the model

@@ -2,7 +2,7 @@
 tasks × encodings × seeds, with the study's outputs.
 
 Each run writes into its own folder, which belongs to one trained-model
-config (`lab.identity`). A run evaluated with the current evaluation settings
+config (`lab.config.identity`). A run evaluated with the current evaluation settings
 is finished and is read back instead of retrained, so an interrupted sweep
 picks up at the first unfinished run when the same command is run again.
 """
@@ -85,7 +85,7 @@ def run_one(config: ml_collections.ConfigDict, workdir: str,
   `reevaluate`.
 
   `workdir` holding a model trained with another config is refused
-  (`lab.identity`), or with `study.on_mismatch='retrain'` the run goes to a
+  (`lab.config.identity`), or with `study.on_mismatch='retrain'` the run goes to a
   fresh sibling `workdir-N` (logged); one trained toward a smaller
   `train.num_steps` only is trained on to this one and evaluated again (an
   extension, recorded in its `extensions.json`: `identity.extension`). `on_trained(model, config, run_dir)`,
@@ -93,7 +93,7 @@ def run_one(config: ml_collections.ConfigDict, workdir: str,
   before evaluation. A stop request (SIGTERM, Ctrl-C) is honoured during
   training, evaluation and the writes (`train.interrupt`), and so is
   `train.max_minutes` during training. The run directory is locked from
-  training to the last write (`lab.locks`; `study.on_locked`).
+  training to the last write (`lab.runs.locks`; `study.on_locked`).
 
   Writes `metrics.jsonl` (every training step), `results.csv` (one row per
   length) and `run.json` (timings, final training metrics, and the
@@ -248,11 +248,11 @@ def run_study(config: ml_collections.ConfigDict, workdir: str,
               on_trained: Optional[OnTrained] = None) -> list[dict]:
   """The sweep. Writes `results.csv`, `summary.md` and `extrapolation.png`
   into `workdir` and the runs into `workdir/TASK/LABEL/seedN/` (LABEL: the
-  study entry, `lab.entries`). `on_trained` is called as in `run_one`.
+  study entry, `lab.config.entries`). `on_trained` is called as in `run_one`.
 
-  The study is planned first (`lab.plan`): every run's config is resolved
+  The study is planned first (`lab.runs.plan`): every run's config is resolved
   and validated and every run directory checked against its config
-  (`lab.identity`) before anything is created or trained; then the plan's
+  (`lab.config.identity`) before anything is created or trained; then the plan's
   records are executed. A finished
   run is reused; one evaluated with other evaluation settings is evaluated
   again from its final checkpoint; one trained toward a smaller
@@ -264,9 +264,9 @@ def run_study(config: ml_collections.ConfigDict, workdir: str,
   it that matches the current config, also runs of earlier sweeps outside
   this one's tasks/models/encodings/seeds; summary.md lists them.
 
-  On a cluster (`lab.cluster`): this process trains only its shard's runs
+  On a cluster (`lab.runs.cluster`): this process trains only its shard's runs
   (`study.shard`, or SLURM's array variables). Each run directory is locked
-  while it is trained (`lab.locks`): a run another process holds is left to
+  while it is trained (`lab.runs.locks`): a run another process holds is left to
   it (one line names the holder) or, with `study.on_locked='wait'`, waited
   for. The outputs are written once every run of the sweep is finished, by
   the process that finds it so (the last shard to finish); with

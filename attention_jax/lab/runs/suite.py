@@ -21,12 +21,12 @@ stops, shards, locks, progress) may change between invocations. A rerun
 skips the settings already recorded; a damaged record is reported by path,
 set aside (`.damaged`) and rerun.
 
-At scale, as the copy study's runs (`lab.study`): a group's training is
+At scale, as the copy study's runs (`lab.runs.study`): a group's training is
 checkpointed every `train.checkpoint_every` steps and resumed bit for bit
 (an interrupt loses at most that many steps); `train.stop_after` and
 `train.max_minutes` stop an invocation cleanly; the groups are dealt between
 the jobs of a cluster array (`study.shard`, or SLURM's array variables:
-`lab.cluster`), one job at a time per group (`lab.locks`: a group another job
+`lab.runs.cluster`), one job at a time per group (`lab.runs.locks`: a group another job
 holds is left to it, or with `study.on_locked='wait'` waited for); the
 outputs are written by whichever job records the last setting (or by
 `study.report_only`).

@@ -100,7 +100,7 @@ def short_box_warning(t_cfg: ml_collections.ConfigDict, *, steps: int, startup: 
 
 @contextlib.contextmanager
 def claimed(configs: list[ml_collections.ConfigDict], workdirs: list[Optional[str]]):
-  """Holds every run directory's lock (`lab.locks`; `study.on_locked`
+  """Holds every run directory's lock (`lab.runs.locks`; `study.on_locked`
   says whether to refuse or wait) and records each config in it
   (`identity.claim`; an extension, a larger `train.num_steps`, is printed
   in one line); a mismatch is refused before anything is written."""
@@ -126,7 +126,7 @@ def train(config: ml_collections.ConfigDict, workdir: Optional[str] = None,
   returns the model and the last logged step's metrics.
 
   With a `workdir`: the config in `config.json` (a workdir trained with
-  another config is refused, see `lab.identity`), one JSON line per step in
+  another config is refused, see `lab.config.identity`), one JSON line per step in
   `metrics.jsonl`, TensorBoard files in `tensorboard/` (if
   `config.train.tensorboard`), checkpoints in `checkpoints/` every
   `config.train.checkpoint_every` steps and at the end. SIGTERM or Ctrl-C (or
@@ -144,7 +144,7 @@ def train(config: ml_collections.ConfigDict, workdir: Optional[str] = None,
   metrics with `diverged_at`), and a run that diverged before is restored
   but not trained.
 
-  `workdir` is locked for the whole training (`lab.locks`): a second process
+  `workdir` is locked for the whole training (`lab.runs.locks`): a second process
   on it is refused with one line naming the holder, or waits
   (`study.on_locked='wait'`).
 
@@ -372,7 +372,7 @@ def load_trained(config: ml_collections.ConfigDict, workdir: str,
                  tx: Optional[optax.GradientTransformation] = None) -> nnx.Module:
   """The model of the finished run in `workdir`, restored from its final
   checkpoint without training and without writing anything. A missing run,
-  an unfinished one or one trained with another config (`lab.identity`) is
+  an unfinished one or one trained with another config (`lab.config.identity`) is
   a `ConfigError` saying which."""
   problem = identity.mismatch(workdir, config)
   if problem:

@@ -27,7 +27,7 @@ class MetricsWriter:
   def __init__(self, workdir: Optional[str], *, start_step: int, tensorboard: bool,
                config_json: str):
     """`config_json` goes into TensorBoard's text tab (the run's config.json
-    is written by `lab.identity.claim`)."""
+    is written by `lab.config.identity.claim`)."""
     self.enabled = bool(workdir) and jax.process_index() == 0
     self.jsonl = self.tb = None
     if not self.enabled:

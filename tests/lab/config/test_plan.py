@@ -1,5 +1,5 @@
-"""A study's plan: one grammar for its entries (`lab.entries`), one record
-per run (`lab.plan.Run`), resolved options, the run directory layout, and
+"""A study's plan: one grammar for its entries (`lab.config.entries`), one record
+per run (`lab.runs.plan.Run`), resolved options, the run directory layout, and
 the presets that choose the scale and the study."""
 
 import json
