@@ -22,7 +22,8 @@ Presets by `:arg`, comma-separated `key=value`, as configs/copy.py:
 
   encoding=ENTRY  the one run (train.py) or the only entry swept
                   (length_extrapolation.py); the variants below are parts
-                  of an entry: `none:abacus`, `fire:abacus`, `fire:hints`
+                  of an entry: `none:abacus`, `fire:abacus`, `fire:hints`,
+                  `windowed_rope:coupled:carry` (carry-heavy training sums)
   scale=NAME      cpu (default) | paper (Cho et al. 2024's 1-layer coupling
                   run, scripts/addition/run_coupling.sh; for GPU/TPU; not
                   yet run) | tiny
@@ -53,6 +54,9 @@ VARIANTS = {
     # Index hints (Zhou et al. 2024): a marker before each digit, one per
     # significance, shared by a, b and the sum.
     'hints': dict(task=dict(index_hints=True)),
+    # A quarter of the training sums carry-heavy (task.carry_mix, ours; the
+    # hard set's carry chains are then seen in training, at its lengths).
+    'carry': dict(task=dict(carry_mix=0.25)),
 }
 # NoPE and the lesson's encodings; FIRE alone and randomized (Zhou et al.);
 # Abacus alone and with FIRE (McLeish et al.); index hints with FIRE; coupled
@@ -63,6 +67,9 @@ STUDIES = {
     'default': dict(encodings=DEFAULT),
     # The methods of the three papers alone, for a quick look.
     'records': dict(encodings=('fire:randomized:hints', 'fire:abacus', 'rope:coupled')),
+    # Our recipe trained on uniform sums and with carry-heavy ones mixed in:
+    # whether the seeds that fail the hard set's carry chains are fixed by data.
+    'carry': dict(encodings=('windowed_rope:coupled', 'windowed_rope:coupled:carry')),
 }
 SCALES = ('cpu', 'paper', 'tiny')
 
@@ -89,6 +96,10 @@ def get_config(arg=None):
   c.task.num_hints = 102  # the cyclic set of hint markers (102 in McLeish's and Zhou's code)
   c.task.pack = 1  # examples per training sequence
   c.task.pack_segments = 0  # packed rows of isolated examples (configs/copy.py); 0 = off
+  # Training only: the fraction of training sums drawn carry-heavy (each digit 9
+  # with probability 1/2), where uniform sums almost never chain carries or add
+  # 9 + 9 at the top; 0 = uniform, as the papers train. The `carry` variant sets it.
+  c.task.carry_mix = 0.0
 
   c.model.encoding = 'fire'
   c.model.num_layers = 2

@@ -63,7 +63,7 @@ EXTENSIONS = 'extensions.json'
 ADDED_LATER = {'model.normalization': 'softmax', 'model.stick_breaking_attend_current': False,
                'model.scalable_softmax': 0.0, 'model.encoding_options.hard_alibi.offsets': (),
                'model.variant': '', 'model.dtype': 'float32', 'model.param_dtype': 'float32',
-               'task.pack_segments': 0, 'model.encoding_layers': None}
+               'task.pack_segments': 0, 'model.encoding_layers': None, 'task.carry_mix': 0.0}
 
 
 class RunMismatch(ConfigError):

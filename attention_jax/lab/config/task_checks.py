@@ -24,6 +24,7 @@ def task_refusal(config: ml_collections.ConfigDict, task_names: Sequence[str],
     c = _with_task(config, name)
     try:
       task = decoder.task_of(c)
+      task.for_training(c.task)
     except ValueError as e:
       return f'task {name!r}: {e}'
     for kind in kinds:

@@ -103,6 +103,13 @@ def configured_task(config: ml_collections.ConfigDict) -> tasks.DecoderTask:
                              abacus_max_k=abacus_max_k(config))
 
 
+def training_task(config: ml_collections.ConfigDict) -> tasks.DecoderTask:
+  """`configured_task` as training draws it: with the options that change
+  only the training distribution (`Task.for_training`: addition's
+  `task.carry_mix`). A ValueError names a bad value."""
+  return configured_task(config).for_training(config.task)
+
+
 def evaluation_tasks(config: ml_collections.ConfigDict) -> list:
   """The tasks a trained model is scored on: `configured_task`, then each
   of `eval.tasks` not already it (tasks of the same tokens, e.g.

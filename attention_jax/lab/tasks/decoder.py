@@ -79,6 +79,10 @@ class DecoderTask:
     del task_config  # the alphabet comes with each call (`vocab_size`); no other options
     return self
 
+  def for_training(self, task_config) -> 'DecoderTask':
+    del task_config  # trained on the distribution it is scored on
+    return self
+
   def num_symbols(self, vocab_size: int) -> int:
     spec = self.spec.with_alphabet(vocab_size)
     return spec.input_size + (0 if spec.copies_inputs else spec.output_size)

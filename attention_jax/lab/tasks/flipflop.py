@@ -93,6 +93,10 @@ class FlipFlop:
                        'are bits; set task.vocab_size=2.')
     return out
 
+  def for_training(self, task_config) -> 'FlipFlop':
+    del task_config  # FFL(p_ignore) in training, its siblings only scored
+    return self
+
   def num_symbols(self, vocab_size: int) -> int:
     """Token ids past the special ones: w, r, i and the bits 0, 1."""
     del vocab_size

@@ -32,6 +32,12 @@ class Task(Protocol):
     """This task with the options of the config's `task` group; a ValueError
     names a bad value."""
 
+  def for_training(self, task_config) -> 'Task':
+    """This task as training draws it: the options of the config's `task`
+    group that change only the training distribution (addition's
+    `carry_mix`). The evaluation never calls it: it scores the task's own
+    distribution. A ValueError names a bad value."""
+
   def num_symbols(self, vocab_size: int) -> int:
     """Token ids past the NUM_SPECIAL special ones."""
 

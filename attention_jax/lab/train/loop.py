@@ -214,7 +214,7 @@ def _train(configs, workdirs, *, progress, tx, vmapped=False, deadline=None):
   """The loop over one run (`vmapped=False`, one config) or a stacked group
   of seeds; see `train` and `train_seeds`."""
   config, t_cfg = configs[0], configs[0].train
-  task = decoder.configured_task(config)
+  task = decoder.training_task(config)
   tx = tx or make_optimizer(t_cfg)
   built = [decoder.build_model(c, c.train.seed) for c in configs]
   splits = [nnx.split((m, nnx.Optimizer(m, tx, wrt=nnx.Param))) for m in built]

@@ -107,6 +107,40 @@ class AdditionTest(chex.TestCase, parameterized.TestCase):
       # The loss covers exactly s and EOS (as targets, shifted by one).
       np.testing.assert_array_equal(np.flatnonzero(mask), np.arange(equals, equals + len(s) + 1))
 
+  def test_addition_carry_mix_draws_nines_in_training_only(self):
+    lengths = ADD.sample_lengths(jax.random.key(1), 512, 1, 7)
+    plain = tasks.make_batch(ADD, jax.random.key(3), lengths, vocab_size=10, max_input_length=7)
+    # carry_mix 0 is the uniform draw itself, bit for bit (older runs' stream).
+    chex.assert_trees_all_equal(plain, tasks.make_batch(
+        ADD.for_training(dict(carry_mix=0.0)), jax.random.key(3), lengths, vocab_size=10,
+        max_input_length=7))
+    nines = {}
+    for mix in (0.0, 0.5, 1.0):
+      task = ADD.for_training(dict(carry_mix=mix))
+      batch, tokens = _rows(task, lengths, 7, seed=3)
+      digits, heavy = [], 0
+      for row in tokens:
+        a, b, s = _numbers(_text(row))
+        self.assertEqual(s, str(a + b)[::-1])  # still right sums, no leading zero
+        operands = _text(row).split('=')[0].split('+')
+        self.assertTrue(all(len(x) == 1 or x[-1] != '0' for x in operands))
+        digits += list(''.join(operands))
+      nines[mix] = digits.count('9') / len(digits)
+    # A digit is 9 with probability 1/10 uniform (about 1/9 as a leading
+    # digit), 1/2 + 1/2 · 1/10 = 0.55 carry-heavy.
+    self.assertBetween(nines[0.0], 0.08, 0.13)
+    self.assertBetween(nines[1.0], 0.50, 0.60)
+    self.assertBetween(nines[0.5], 0.28, 0.38)
+
+  def test_addition_carry_mix_is_trained_never_evaluated(self):
+    from attention_jax.lab.protocols import decoder  # pylint: disable=import-outside-toplevel
+    c = _config('scale=tiny,encoding=windowed_rope:coupled:carry')
+    from attention_jax.lab.runs import plan  # pylint: disable=import-outside-toplevel
+    (run,) = plan.run_configs(c)
+    self.assertEqual(decoder.training_task(run).carry_mix, 0.25)
+    self.assertEqual([t.carry_mix for t in decoder.evaluation_tasks(run)], [0.0])
+    self.assertEqual(decoder.configured_task(run).carry_mix, 0.0)
+
   def test_addition_matches_mcleish_bucket_entries(self):
     _, tokens = _rows(ADD, ADD.sample_lengths(jax.random.key(2), 64, 1, 9), 9)
     for row in tokens:
@@ -209,6 +243,10 @@ class AdditionConfigTest(parameterized.TestCase):
       ('decimal', 'scale=tiny', dict(task__vocab_size=16),
        r'task.vocab_size=16: addition.s symbols are the 10 decimal digits'),
       ('bad_option', 'scale=tiny', dict(task__num_hints=0), r'task.num_hints=0 must be an integer >= 1'),
+      ('carry_mix_above_one', 'scale=tiny', dict(task__carry_mix=1.5),
+       r'task.carry_mix=1.5 must be a number in \[0, 1\]'),
+      ('carry_mix_negative', 'scale=tiny', dict(task__carry_mix=-0.1),
+       r'task.carry_mix=-0.1 must be a number in \[0, 1\]'),
   )
   def test_addition_config_refusals(self, arg, fields, message):
     from attention_jax.lab.config import validate  # pylint: disable=import-outside-toplevel
@@ -216,7 +254,8 @@ class AdditionConfigTest(parameterized.TestCase):
       validate.validate_config(_config(arg, **fields))
 
   @parameterized.parameters('none', 'rope:coupled', 'fire:hints', 'fire:randomized',
-                            'none:abacus', 'fire:abacus', 'windowed_rope:coupled')
+                            'none:abacus', 'fire:abacus', 'windowed_rope:coupled',
+                            'windowed_rope:coupled:carry')
   def test_addition_entries_are_valid(self, entry):
     from attention_jax.lab.config import validate  # pylint: disable=import-outside-toplevel
     validate.validate_config(_config(f'scale=tiny,encoding={entry}'))
