@@ -217,7 +217,12 @@ class KVCache:
       raise ValueError('extend (cached decoding) is causal attention, but this module '
                        'has causal=False.')
     (b, s_len, _), t_max = x.shape, cache['key'].shape[2]
-    slots = start + jnp.arange(s_len, dtype=jnp.int32)
+    # A call that fills every slot starts at slot 0 (from any other start it
+    # overflows, and its output is poisoned): its slots are then static, so an
+    # encoding takes its full-pass form (PaTH: the dense logits, its blocks
+    # shared by all queries, not a block per query; O(T²), not O(T² · C)).
+    slots = (np.arange(s_len, dtype=np.int32) if s_len == t_max
+             else start + jnp.arange(s_len, dtype=jnp.int32))
     if positions is None:
       positions = slots
     positions = jnp.broadcast_to(jnp.asarray(positions, jnp.int32), (b, s_len))

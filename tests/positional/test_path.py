@@ -9,6 +9,8 @@ use_w_shortconv with conv_size 3 and no bias, no QK-norm), the op being
 `naive_path_attn` (transcribed in tests/attention/test_path.py).
 """
 
+from unittest import mock
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -19,6 +21,7 @@ from absl.testing import parameterized
 from flax import nnx
 
 import attention_jax as aj
+from attention_jax.attention import path as attention_path
 from attention_jax.positional.path import PaTH
 from tests.attention.test_path import naive_path_attn
 
@@ -159,6 +162,19 @@ class PathModuleTest(chex.TestCase, parameterized.TestCase):
       out, cache = mha.extend(x[:, i:i + 1], cache, jnp.int32(i))
       pieces.append(out)
     chex.assert_trees_all_close(jnp.concatenate(pieces, 1), want, atol=2e-5, rtol=2e-5)
+
+  @parameterized.named_parameters(('path', 'path'), ('path_fox', 'path_fox'))
+  def test_path_prefill_of_the_whole_cache_is_the_full_pass(self, encoding):
+    # Greedy decoding prefills every slot at once: that call's queries sit at
+    # slots 0 … T-1, so it takes the full pass's form (the blocks shared by
+    # every query, O(T²) memory), never `path_logits_at` (a block per query:
+    # O(T² · C) memory, 10 GB on the copy study's evaluation), jitted too.
+    mha = _module(encoding)
+    x = jax.random.normal(jax.random.key(8), (2, 9, D_MODEL))
+    with mock.patch.object(attention_path, 'path_logits_at',
+                           side_effect=AssertionError('path_logits_at in a full prefill')):
+      out, _ = nnx.jit(lambda m, y: m.extend(y, m.init_cache(2, 9), jnp.int32(0)))(mha, x)
+    chex.assert_trees_all_close(out, mha(x), atol=2e-5, rtol=2e-5)
 
   def test_path_rewritten_slots_do_not_leak(self):
     # Greedy decoding prefills stale tokens, then rewrites them one by one.
