@@ -83,8 +83,10 @@ def check_call(module, decoding: bool, mask, distances, segment_ids, context_seg
                      f'(alibi, relative), not {type(module.positional).__name__} (decode='
                      f'{decoding}).')
   if decoding and (segment_ids is not None or context_segment_ids is not None):
-    raise ValueError('segment_ids= is served in a full pass only: a key/value cache holds '
-                     'one document per row (decode each document in a row of its own).')
+    raise ValueError('segment_ids= with decode=True: the module\'s own (Flax) cache keeps '
+                     'one document per row; decode packed rows with extend(x, cache, start, '
+                     'segment_ids=...) and a cache from init_cache(batch, cache_size), which '
+                     'keeps each slot\'s document.')
   return as_bool_mask('mask', None if mask is None else check_array('mask', mask))
 
 

@@ -345,8 +345,9 @@ class MultiHeadAttention(KVCache, nnx.Module):
         attends only to keys of its own id (`attention.segments`: the
         conventions, padding); give `positions` that restart per document
         (`segment_positions`) for an encoding to see each document alone.
-        A full pass only (a cache holds one document per row); not with
-        scalable softmax (its n would count other documents' keys).
+        A full pass, or cached decoding through `extend(...,
+        segment_ids=)` (not `decode=True`); not with scalable softmax (its
+        n would count other documents' keys).
       context_segment_ids: int `[B, T_k]`, the keys' ids; default
         `segment_ids` for self-attention (needed for cross-attention).
 

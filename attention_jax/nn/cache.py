@@ -25,6 +25,8 @@ from flax import nnx
 
 from attention_jax.attention import scaled_dot_product_attention
 from attention_jax.attention.checks import is_concrete
+from attention_jax.attention.segments import segment_mask
+from attention_jax.attention.segments import segment_positions
 from attention_jax.attention.scalable import scalable_softmax_queries
 from attention_jax.attention.scalable import visible_keys
 from attention_jax.positional.base import ScoreContext
@@ -53,6 +55,40 @@ def check_cache_slots(start, s_len: int, t_max: int) -> None:
 
 def empty_overflow() -> jax.Array:
   return jnp.array(NO_OVERFLOW, jnp.int32)
+
+
+def cached_documents(cache: dict, segment_ids, start, s_len: int, b: int):
+  """The documents of a call over a cache of packed documents, or None.
+
+  A cache holds packed documents once a call gave `segment_ids` (int
+  `[B, S]`, the call's tokens' documents): it then keeps every slot's id
+  (`cache['segment_ids']`, int32 `[B, T]`; earlier slots without ids are
+  document 0). A later call without ids continues the document of the slot
+  before it (0 at slot 0). Returns None for a cache and call without ids
+  (one document per row, as before), else (the cache's ids with the call's
+  written, the call's ids `[B, S]`, the call's positions in their
+  documents `[B, S]`: each token's index in its run of equal ids, as
+  `segment_positions` gives the full pass)."""
+  if segment_ids is None and 'segment_ids' not in cache:
+    return None
+  t_max = cache['key'].shape[2]
+  ids = cache.get('segment_ids', jnp.zeros((b, t_max), jnp.int32))
+  if segment_ids is None:
+    before = jax.lax.dynamic_index_in_dim(ids, jnp.maximum(jnp.asarray(start) - 1, 0), 1,
+                                          False)
+    call_ids = jnp.broadcast_to(jnp.where(jnp.asarray(start) > 0, before, 0)[:, None], (b, s_len))
+  else:
+    if np.shape(segment_ids) != (b, s_len):
+      raise ValueError(f'segment_ids has shape {np.shape(segment_ids)}; it must be [batch, '
+                       f'length] like the call\'s tokens, ({b}, {s_len}).')
+    if not jnp.issubdtype(jnp.asarray(segment_ids).dtype, jnp.integer):
+      raise TypeError(f'segment_ids must be integer ids, got '
+                      f'{jnp.asarray(segment_ids).dtype.name}.')
+    call_ids = jnp.asarray(segment_ids, jnp.int32)
+  ids = jax.lax.dynamic_update_slice_in_dim(ids, call_ids, start, 1)
+  slots = start + jnp.arange(s_len, dtype=jnp.int32)
+  positions = jnp.take(segment_positions(ids), slots, axis=1)
+  return ids, call_ids, positions
 
 
 def guard_slots(start, s_len: int, t_max: int) -> tuple[Any, Any]:
@@ -182,7 +218,8 @@ class KVCache:
     return out
 
   def extend(self, x: jnp.ndarray, cache: dict, start, *,
-             positions: Optional[jnp.ndarray] = None) -> tuple[jnp.ndarray, dict]:
+             positions: Optional[jnp.ndarray] = None,
+             segment_ids: Optional[jnp.ndarray] = None) -> tuple[jnp.ndarray, dict]:
     """Causal self-attention of S new tokens over themselves and the cache.
 
     The tokens take cache slots `start … start+S-1` (`start` may be traced);
@@ -199,19 +236,25 @@ class KVCache:
       x: `[B, S, d_model]`.
       cache: from `init_cache` or a previous `extend`.
       start: first slot written, an int or int32 scalar.
-      positions: int `[S]` or `[B, S]` for the encoding; default the slots.
+      positions: int `[S]` or `[B, S]` for the encoding; default the slots,
+        or with packed documents each token's index in its document.
+      segment_ids: int `[B, S]`, the documents of a packed prompt (a row of
+        several, each attending only to itself, as the full pass's
+        `segment_ids`); the cache then keeps every slot's document, and a
+        later call without ids continues the document of the slot before it
+        (`cached_documents`).
 
     Returns:
       `(out [B, S, out_features], cache)` with the new keys, values and
       positions.
     """
     in_range, record = guard_slots(start, x.shape[1], cache['key'].shape[2])
-    out, cache = self._extend(x, cache, start, positions=positions)
+    out, cache = self._extend(x, cache, start, positions=positions, segment_ids=segment_ids)
     if 'overflow' in cache:
       cache = dict(cache, overflow=record(cache['overflow']))
     return poison(out, in_range), cache
 
-  def _extend(self, x, cache, start, *, positions=None):
+  def _extend(self, x, cache, start, *, positions=None, segment_ids=None):
     """`extend` without the slot check, for callers that guarantee the range."""
     if not self.causal:
       raise ValueError('extend (cached decoding) is causal attention, but this module '
@@ -223,8 +266,13 @@ class KVCache:
     # shared by all queries, not a block per query; O(T²), not O(T² · C)).
     slots = (np.arange(s_len, dtype=np.int32) if s_len == t_max
              else start + jnp.arange(s_len, dtype=jnp.int32))
+    documents = cached_documents(cache, segment_ids, start, s_len, b)
+    if documents is not None and self.ssmax_scale is not None:
+      raise ValueError('segment_ids= with scalable_softmax: its log n counts the keys a '
+                       'query sees by index, across documents; packed rows are not '
+                       'served with it, in a full pass or over a cache.')
     if positions is None:
-      positions = slots
+      positions = slots if documents is None else documents[2]
     positions = jnp.broadcast_to(jnp.asarray(positions, jnp.int32), (b, s_len))
     q, k, v = self.W_Q(x), self.W_K(x), self.W_V(x)
     q, k = self.positional.rotate_queries_keys(q, k, positions, positions)
@@ -246,11 +294,16 @@ class KVCache:
     mask = keys <= slots[:, None]  # causal; also hides the slots not yet written
     if self.sliding_window is not None:
       mask = mask & (slots[:, None] - keys < self.sliding_window)
+    q_ids = k_ids = None
+    if documents is not None:  # each token sees its own document only
+      k_ids, q_ids, _ = documents
+      cache['segment_ids'] = k_ids
+      mask = mask[None, None] & segment_mask(q_ids, k_ids)
     all_keys = heads_first(cache['key']).astype(q.dtype)
     score_bias = self.positional.score_contribution(ScoreContext(
         q=q, k=all_keys, q_positions=positions, k_positions=cache['positions'],
         q_slots=slots, q_features=features, k_features=cache.get('features'), causal=True,
-        window=self.sliding_window,
+        window=self.sliding_window, q_segment_ids=q_ids, k_segment_ids=k_ids,
         q_history=heads_first(cache['query']).astype(q.dtype) if 'query' in cache else None))
     # The mask moves with `start`, which blocks do not express; the queries
     # are one token (or a prompt), cheap on the other kernels.

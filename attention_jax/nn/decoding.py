@@ -31,10 +31,11 @@ def check_cache_protocol(model, caller: str) -> None:
                     f'{" or ".join(missing)}.')
 
 
-def _extend(model, tokens, cache, start, positions):
-  if positions is None:  # a model of its own may take no positions
-    return model.extend(tokens, cache, start)
-  return model.extend(tokens, cache, start, positions=positions)
+def _extend(model, tokens, cache, start, positions, segment_ids=None):
+  # A model of its own may take neither: each is passed only when given.
+  given = {k: v for k, v in (('positions', positions), ('segment_ids', segment_ids))
+           if v is not None}
+  return model.extend(tokens, cache, start, **given)
 
 
 def greedy_predictions(model, inputs: jax.Array,
@@ -68,11 +69,14 @@ def _argmax(logits, i):  # pylint: disable=unused-argument
 def decode(model, inputs: jax.Array, prompt_lengths: jax.Array,
            positions: Optional[jax.Array], *, stop, choose: Callable,
            ends: Optional[jax.Array] = None,
-           eos_id: Optional[int] = None) -> tuple[jax.Array, jax.Array]:
+           eos_id: Optional[int] = None,
+           segment_ids: Optional[jax.Array] = None) -> tuple[jax.Array, jax.Array]:
   """The decoding loop of `greedy_predictions` and `generate`.
 
   inputs int `[B, T]`, prompt_lengths int `[B]`, positions None, `[T]` or
-  `[B, T]`; `choose(logits [B, V], t) -> int32 [B]` picks the token that
+  `[B, T]`, segment_ids None or int `[B, T]` (every slot's document: a
+  row still reading its prompt keeps the prompt's ids);
+  `choose(logits [B, V], t) -> int32 [B]` picks the token that
   position t predicts. The loop runs from the shortest prompt's last
   position up to `stop` (clipped to it … T), and ends earlier once every
   row is finished: it has predicted slot `ends - 1` (int `[B]`), or a token
@@ -86,7 +90,7 @@ def decode(model, inputs: jax.Array, prompt_lengths: jax.Array,
   # Prefill with every token: slots past a row's prompt hold teacher-forced
   # keys until decoding rewrites them, and `extend`'s causal mask hides every
   # slot past the query, so none is read before it is rewritten.
-  logits, cache = _extend(model, inputs, model.init_cache(b, t), 0, positions)
+  logits, cache = _extend(model, inputs, model.init_cache(b, t), 0, positions, segment_ids)
   predictions = jnp.argmax(logits, -1).astype(jnp.int32)
   first = jnp.clip(jnp.min(prompt_lengths) - 1, 0, t)
   stop = jnp.clip(stop, first, t)
@@ -97,9 +101,11 @@ def decode(model, inputs: jax.Array, prompt_lengths: jax.Array,
     previous = jax.lax.dynamic_index_in_dim(predictions, jnp.maximum(i - 1, 0), 1, False)
     token = jnp.where(i < prompt_lengths, inputs[:, i], previous)
     pos = None if positions is None else jax.lax.dynamic_slice_in_dim(positions, i, 1, 1)
+    # A row may still be reading its prompt at slot i: the slot keeps its id.
+    ids = None if segment_ids is None else jax.lax.dynamic_slice_in_dim(segment_ids, i, 1, 1)
     # Slot i of a cache of t slots, i < t: in range by construction (the
     # traced check costs a few scalar operations).
-    logits, cache = _extend(nnx.merge(graphdef, state), token[:, None], cache, i, pos)
+    logits, cache = _extend(nnx.merge(graphdef, state), token[:, None], cache, i, pos, ids)
     prediction = choose(logits[:, 0], i)
     if ends is not None:
       finished |= i + 1 >= ends - 1
@@ -122,7 +128,8 @@ def generate(model, prompt: jax.Array, num_tokens: int, *,
              prompt_lengths: Optional[jax.Array] = None,
              key: Optional[jax.Array] = None, temperature=None,
              top_k: Optional[int] = None, top_p=None,
-             eos_id: Optional[int] = None, pad_id: int = 0) -> jax.Array:
+             eos_id: Optional[int] = None, pad_id: int = 0,
+             segment_ids: Optional[jax.Array] = None) -> jax.Array:
   """Generation with the key/value cache: greedy by default, or sampled.
 
   Greedy or sampled, one rule: without `key` every token is the argmax of
@@ -158,6 +165,11 @@ def generate(model, prompt: jax.Array, num_tokens: int, *,
       An `eos_id` inside a prompt ends nothing, as in Hugging Face (Flax's
       Gemma sampler pads after the first EOS anywhere, prompt included).
     pad_id: the token id after a row's end (default 0), in 0 … vocab_size-1.
+    segment_ids: optional int `[B, P]`, a packed prompt: several documents
+      per row, each attending only to itself at positions restarting at 0
+      (`TransformerLM(…, segment_ids=)`); the generated tokens continue the
+      row's last document (the one of its last prompt token), so a row
+      generates what its last document alone would. Not with `positions`.
 
   Returns:
     int32 `[B, P + num_tokens]`: row b holds its prompt, then its
@@ -201,6 +213,7 @@ def generate(model, prompt: jax.Array, num_tokens: int, *,
     eos_id = _check_token_id('eos_id', eos_id, vocab)
     _check_token_id('pad_id', pad_id, vocab)
   lengths, rows_valid = _check_prompt_lengths(prompt_lengths, b, p)
+  documents = _prompt_documents(segment_ids, positions, lengths, b, p, total)
   row_keys = None if key is None else _row_keys(key, b)
   slots = jnp.arange(total)[None, :]
   if num_tokens == 0:
@@ -220,7 +233,7 @@ def generate(model, prompt: jax.Array, num_tokens: int, *,
   padded = jnp.concatenate([prompt, jnp.zeros((b, num_tokens), jnp.int32)], axis=1)
   ends = lengths + num_tokens
   predictions, _ = decode(model, padded, lengths, positions, stop=jnp.max(ends) - 1,
-                          choose=choose, ends=ends, eos_id=eos_id)
+                          choose=choose, ends=ends, eos_id=eos_id, segment_ids=documents)
   shifted = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), predictions[:, :-1]], axis=1)
   in_prompt = slots < lengths[:, None]
   generated = ~in_prompt & (slots < ends[:, None])
@@ -232,6 +245,26 @@ def generate(model, prompt: jax.Array, num_tokens: int, *,
   tokens = jnp.where(options_valid(temperature, top_p), tokens, -1)
   tokens = jnp.where(in_prompt, padded, tokens)
   return jnp.where(rows_valid[:, None], tokens, -1).astype(jnp.int32)
+
+
+def _prompt_documents(segment_ids, positions, lengths, b: int, p: int, total: int):
+  """`generate`'s packed prompt: int32 `[B, total]`, the prompt's ids, then
+  every later slot in the document of the row's last prompt token; None
+  without `segment_ids`."""
+  if segment_ids is None:
+    return None
+  if positions is not None:
+    raise ValueError('generate: segment_ids= sets each token\'s position (its index in its '
+                     'document); give positions= or segment_ids=, not both.')
+  ids = check_array('segment_ids', segment_ids, ndim=2, kind='integer')
+  if ids.shape != (b, p):
+    raise ValueError(f'segment_ids must be int [B, P] = [{b}, {p}] like the prompt, got '
+                     f'shape {tuple(ids.shape)}.')
+  ids = jnp.asarray(ids, jnp.int32)
+  last = jnp.take_along_axis(ids, jnp.clip(lengths - 1, 0, p - 1)[:, None], axis=1)
+  slots = jnp.arange(total)[None, :]
+  padded = jnp.concatenate([ids, jnp.broadcast_to(last, (b, total - p))], axis=1)
+  return jnp.where(slots < lengths[:, None], padded, last)
 
 
 def _check_prompt(prompt) -> jax.Array:

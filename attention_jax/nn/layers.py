@@ -60,11 +60,11 @@ class Block(nnx.Module):
     rngs = self.rngs if rngs is None else rngs
     return lambda h: nnx.Dropout(self.dropout_rate)(h, deterministic=False, rngs=rngs)
 
-  def extend(self, x, cache, start, positions):
+  def extend(self, x, cache, start, positions, segment_ids=None):
     """Cached decoding (see `MultiHeadAttention.extend`; slots checked by
     the caller) -> (x, cache)."""
     h, cache = self.attention._extend(self.attention_norm(x), cache, start,  # pylint: disable=protected-access
-                                      positions=positions)
+                                      positions=positions, segment_ids=segment_ids)
     return self._mlp(x + h), cache
 
   def _mlp(self, x, drop=lambda h: h):

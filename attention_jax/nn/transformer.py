@@ -63,6 +63,7 @@ from attention_jax.attention.normalization import Normalization
 from attention_jax.attention.segments import check_segment_ids
 from attention_jax.attention.segments import padding_ids
 from attention_jax.attention.segments import segment_positions
+from attention_jax.nn.cache import cached_documents
 from attention_jax.nn.cache import guard_slots
 from attention_jax.nn.cache import is_static
 from attention_jax.nn.cache import poison
@@ -292,16 +293,20 @@ class TransformerLM(nnx.Module):
     Logits equal those of the full causal pass at the same positions; never
     drops. Slots outside the cache: a ValueError for a known `start`, else
     NaN logits and `cache[i]['overflow']` set (`nn.check_cache`).
-    A cache holds one document per row: `segment_ids` (a packed prefill) is
-    refused; prefill each document in a row of its own."""
-    if segment_ids is not None:
-      raise ValueError('extend(segment_ids=...): a key/value cache holds one document per '
-                       'row, so a packed row is not prefilled; give each document its own '
-                       'row (and positions from 0).')
+    `segment_ids` int `[B, S]`: a packed prompt, several documents per row,
+    each attending only to itself with positions restarting at 0 (as the
+    full pass with `segment_ids`); later calls without ids continue the
+    document of the slot before them (`nn.cache.cached_documents`). Not with
+    Abacus embeddings (the full pass refuses them too)."""
+    if segment_ids is not None and self.abacus is not None:
+      raise ValueError('extend(segment_ids=...) with Abacus embeddings: a digit run would '
+                       'continue from one document into the next; decode such documents '
+                       'one per row.')
     self._check_tokens(tokens)
     # Checked once, not per layer.
     in_range, record = guard_slots(start, tokens.shape[1], cache[0]['key'].shape[2])
-    logits, cache = self._extend(tokens, cache, start, positions=positions)
+    logits, cache = self._extend(tokens, cache, start, positions=positions,
+                                 segment_ids=segment_ids)
     cache = [dict(c, overflow=record(c['overflow'])) if 'overflow' in c else c
              for c in cache]
     return poison(logits, in_range), cache
@@ -329,10 +334,18 @@ class TransformerLM(nnx.Module):
         raise ValueError(f'token id {int(bad[0])} is outside the vocabulary 0 … '
                          f'{self.vocab_size - 1} (vocab_size={self.vocab_size}).')
 
-  def _extend(self, tokens, cache, start, *, positions=None):
+  def _extend(self, tokens, cache, start, *, positions=None, segment_ids=None):
     """`extend` without the slot check, for callers that guarantee the range."""
     s_len, t_max = tokens.shape[1], cache[0]['key'].shape[2]
-    if positions is None:
+    documents = cached_documents(cache[0], segment_ids, start, s_len, tokens.shape[0])
+    if positions is None and documents is not None:
+      # Each token's index in its document: at most its slot, so within the
+      # cache's range as the slots are, and the same trace-time check serves.
+      positions = documents[2]
+      self._check_cache_positions(t_max)
+      with positions_proven():
+        x = self.positional.add_to_embeddings(self.embed(tokens), positions)
+    elif positions is None:
       positions = start + jnp.arange(s_len, dtype=jnp.int32)
       # The slots start … start+S-1 lie in 0 … t_max-1 whenever the step is
       # valid (else `extend` raises, or poisons its logits and records the
@@ -348,7 +361,7 @@ class TransformerLM(nnx.Module):
       x, abacus_cache = self._add_abacus(x, tokens, cache[-1], start)
     new_cache = []
     for block, layer_cache in zip(self.blocks, cache):
-      x, layer_cache = block.extend(x, layer_cache, start, positions)
+      x, layer_cache = block.extend(x, layer_cache, start, positions, segment_ids)
       new_cache.append(layer_cache)
     if self.abacus is not None:
       new_cache.append(abacus_cache)

@@ -189,7 +189,10 @@ class MultiTokenAttention(PositionalEncoding):
       if context.q_segment_ids.shape[1] != context.k.shape[1]:
         raise ValueError('mta: segment ids need a full pass (a query at every slot), got '
                          f'{context.q_segment_ids.shape[1]} queries and '
-                         f'{context.k.shape[1]} keys.')
+                         f'{context.k.shape[1]} keys: a packed prompt is not decoded '
+                         'through a cache with Multi-Token Attention (its convolution would '
+                         'need the earlier queries of each document); decode one document '
+                         'per row.')
       segments = (context.q_segment_ids, context.k_segment_ids)
     convolved = key_query_convolution(
         self.kernel[...].astype(jnp.float32), context.q_history, context.k, context.q_slots,

@@ -2,7 +2,9 @@
 documents (segment_ids, positions restarting per document) gives, document
 by document, the logits and the parameter gradients of each document run
 alone, for every registered encoding and on each kernel that serves segment
-ids; padding attends to nothing; what cannot serve packed rows says so."""
+ids; a packed row decoded through the key/value cache gives the full
+pass's logits; padding attends to nothing; what cannot serve packed rows
+says so."""
 
 import chex
 import jax
@@ -164,18 +166,97 @@ class PackedDocumentsTest(chex.TestCase, parameterized.TestCase):
       start += length
 
 
+def _check_cached_equals_full_pass(graphdef, state, prefill=7):
+  """A packed row decoded through the cache (a prefill across a document
+  boundary, then token by token, ids given where a document starts and left
+  to continue the slot before elsewhere) = the full pass's logits, jitted."""
+  tokens, ids = _tokens(), _ids()
+  model = nnx.merge(graphdef, state)
+  full = model(tokens, segment_ids=ids)
+  row = np.asarray(ids)[0]
+
+  @jax.jit
+  def cached(s):
+    m = nnx.merge(graphdef, s)
+    logits, cache = m.extend(tokens[:, :prefill], m.init_cache(1, T + 2), 0,
+                             segment_ids=ids[:, :prefill])
+    pieces = [logits]
+    for i in range(prefill, T):
+      starts = row[i] != row[i - 1]  # a document starts at slot i
+      logits, cache = m.extend(tokens[:, i:i + 1], cache, jnp.int32(i),
+                               segment_ids=ids[:, i:i + 1] if starts else None)
+      pieces.append(logits)
+    return jnp.concatenate(pieces, 1), cache
+
+  logits, cache = cached(state)
+  chex.assert_trees_all_close(logits, full, atol=2e-5, rtol=2e-5)
+  np.testing.assert_array_equal(cache[0]['segment_ids'][0, :T], ids[0])
+  np.testing.assert_array_equal(cache[0]['positions'][0, :T], aj.segment_positions(ids)[0])
+
+
+class PackedCacheTest(chex.TestCase, parameterized.TestCase):
+
+  # MTA is refused below: its convolution reads earlier queries' rows.
+  @parameterized.named_parameters((e, e) for e in ('rope', 'fox', 'cope', 'path_fox'))
+  def test_packed_prompt_through_the_cache_equals_the_full_pass(self, encoding):
+    _check_cached_equals_full_pass(*_model(encoding, implementation='dense'))
+
+  @parameterized.named_parameters(
+      (e, e) for e in sorted(set(aj.ENCODINGS) - {'rope', 'fox', 'cope', 'path_fox', 'mta'}))
+  @pytest.mark.slow
+  def test_packed_prompt_through_the_cache_equals_the_full_pass_slow(self, encoding):
+    _check_cached_equals_full_pass(*_model(encoding, implementation='dense'))
+
+  @parameterized.named_parameters(('rope', 'rope'), ('path', 'path'), ('learned', 'learned'))
+  def test_generate_from_a_packed_prompt_continues_its_last_document(self, encoding):
+    # Two rows: three documents, and two documents then padding
+    # (prompt_lengths); each row generates what its last document alone does.
+    model = nnx.merge(*_model(encoding, implementation='dense'))
+    tokens, ids = _tokens(), _ids()
+    prompt = jnp.concatenate([tokens, tokens.at[:, 13:].set(0)])
+    packed = jnp.concatenate([ids, ids.at[:, 13:].set(7)])
+    lengths = jnp.asarray([T, 13], jnp.int32)
+    got = jax.jit(lambda p, i, n: aj.generate(model, p, 5, segment_ids=i, prompt_lengths=n))(
+        prompt, packed, lengths)
+    np.testing.assert_array_equal(got[0, T:], aj.generate(model, tokens[:, 13:], 5)[0, 3:])
+    np.testing.assert_array_equal(got[1, 13:18], aj.generate(model, tokens[:, 5:13], 5)[0, 8:])
+    with self.assertRaisesRegex(ValueError, 'give positions= or segment_ids=, not both'):
+      aj.generate(model, tokens, 2, segment_ids=ids, positions=jnp.arange(T + 2))
+    with self.assertRaisesRegex(ValueError, r'segment_ids must be int \[B, P\] = \[1, 16\]'):
+      aj.generate(model, tokens, 2, segment_ids=ids[:, :4])
+
+  def test_a_cache_without_ids_is_one_document_as_before(self):
+    # No ids given: the cache keeps no segment_ids and decodes as it did.
+    model = nnx.merge(*_model('rope'))
+    logits, cache = model.extend(_tokens(), model.init_cache(1, T), 0)
+    self.assertNotIn('segment_ids', cache[0])
+    chex.assert_trees_all_close(logits, model(_tokens()), atol=2e-5, rtol=2e-5)
+
+
 class PackedRefusalTest(parameterized.TestCase):
 
-  def test_packed_prefill_of_a_cache_is_refused(self):
+  def test_packed_cache_refusals_name_the_reason(self):
+    abacus = aj.TransformerLM(vocab_size=VOCAB, d_model=16, num_heads=2, num_layers=1,
+                              mlp_dim=32, abacus=dict(digit_tokens=tuple(range(10)), rows=32),
+                              rngs=nnx.Rngs(0))
+    with self.assertRaisesRegex(ValueError, r'extend\(segment_ids=...\) with Abacus'):
+      abacus.extend(_tokens(), abacus.init_cache(1, 32), 0, segment_ids=_ids())
+    mha = aj.MultiHeadAttention(16, 2, causal=True, scalable_softmax=1.0, rngs=nnx.Rngs(0))
+    with self.assertRaisesRegex(ValueError, 'segment_ids= with scalable_softmax'):
+      mha.extend(jnp.ones((1, T, 16)), mha.init_cache(1, T), 0, segment_ids=_ids())
+    mta = nnx.merge(*_model('mta'))
+    with self.assertRaisesRegex(ValueError, 'not decoded through a cache with Multi-Token'):
+      mta.extend(_tokens()[:, :7], mta.init_cache(1, T), 0, segment_ids=_ids()[:, :7])
     model = nnx.merge(*_model('rope'))
-    cache = model.init_cache(1, 32)
-    with self.assertRaisesRegex(ValueError, 'a key/value cache holds one document per row'):
-      model.extend(_tokens(), cache, 0, segment_ids=_ids())
+    with self.assertRaisesRegex(ValueError, r'segment_ids has shape \(1, 3\)'):
+      model.extend(_tokens(), model.init_cache(1, 32), 0, segment_ids=jnp.zeros((1, 3), int))
+    with self.assertRaisesRegex(TypeError, 'segment_ids must be integer'):
+      model.extend(_tokens(), model.init_cache(1, 32), 0, segment_ids=jnp.zeros((1, T)))
 
   def test_segment_ids_while_decoding_are_refused(self):
     mha = aj.MultiHeadAttention(16, 2, causal=True, rngs=nnx.Rngs(0))
     mha.init_cache((1, 8, 16))
-    with self.assertRaisesRegex(ValueError, 'served in a full pass only'):
+    with self.assertRaisesRegex(ValueError, 'segment_ids= with decode=True: .* extend'):
       mha(jnp.ones((1, 1, 16)), decode=True, segment_ids=jnp.zeros((1, 1), jnp.int32))
 
   def test_segment_ids_with_scalable_softmax_are_refused(self):
