@@ -241,11 +241,9 @@ def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -
   # Each length is one row per run in results.csv: a repeat would be two.
   _require(not repeated, f'eval.lengths={tuple(ev.lengths)!r} repeats '
            f'{", ".join(map(str, repeated))}; give each length once.')
-  devices = jax.device_count()
-  _require(tr.batch_size % devices == 0,
-           f'train.batch_size={tr.batch_size} is not divisible by the {devices} devices '
-           'the batch is split over; use a multiple of the device count.')
-  train_mesh.check(tr, devices)
+  # The batch must divide over the layout's batch axis (every device for
+  # 'data' and 'fsdp', devices / model_parallel for 'tensor').
+  train_mesh.check(tr, jax.device_count())
   task_names = config.study.tasks if study else (t.name,)
   _check_names(task_names, tasks.TASKS, 'study.tasks' if study else 'task.name')
   kinds = config.study.models if study else (m.kind,)

@@ -173,6 +173,17 @@ _SCRIPT = textwrap.dedent('''
                           for r in csv.DictReader(f)]
     out['study_rows_equal'] = tables['data'] == tables['fsdp']
     out['study_rows'] = len(tables['data'])
+    # The config checks split the batch over the layout's batch axis only:
+    # 6 sequences over (data, model) = (2, 2) is valid, over 4 data devices not.
+    from attention_jax.lab.config.validate import validate_config
+    six = config('tensor', 2)
+    six.train.batch_size = 6
+    validate_config(six)
+    six.train.update(mesh='data', model_parallel=0)
+    try:
+      validate_config(six)
+    except Exception as e:
+      out['six_on_data'] = str(e)
     odd = config('tensor', 4)
     odd.model.num_heads = 2  # two heads over a 'model' axis of 4
     try:
@@ -208,6 +219,8 @@ class FourDeviceTrainingTest(chex.TestCase):
     self.assertLess(result['seeds_fsdp']['seed0_vs_alone'], 1e-5)
     self.assertTrue(result['study_rows_equal'])  # the study from the config, evaluated alike
     self.assertGreater(result['study_rows'], 0)
+    self.assertIn("train.batch_size=6 is not divisible by the 4 devices of the batch axis of "
+                  "train.mesh='data'", result['six_on_data'])
     self.assertRegex(result['refused'], r"ConfigError: invalid config: train.mesh='tensor' "
                                         r'splits \S+W_[KQV]\S* \(shape \(16, 2, 8\)\) '
                                         r"over mesh axis 'model' of 4 devices")
