@@ -87,7 +87,8 @@ VARIANTS = {
 
 # The lesson's four encodings and NoPE, then the best of each kind: told where
 # to look (coupled ids, every head windowed: ours), copying by content alone
-# (mta_lookup), and the strongest 2024-25 method past L_train (FIRE).
+# (mta_lookup), and the strongest 2024-25 single encoding past L_train (FIRE; the
+# RNoPE-SWA hybrid of two copies more, docs/results.md).
 DEFAULT = ('none', 'sinusoidal', 'learned', 'rope', 'alibi', 'fire', 'windowed_rope:coupled',
            'mta_lookup')
 # The 2024-25 methods: FIRE, CoPE, xPos, p-RoPE, forgetting attention, DAPE,
