@@ -186,14 +186,12 @@ class MultiTokenAttention(PositionalEncoding):
                        'reads the rows of earlier queries.')
     segments = None
     if context.q_segment_ids is not None:
-      if context.q_segment_ids.shape[1] != context.k.shape[1]:
-        raise ValueError('mta: segment ids need a full pass (a query at every slot), got '
-                         f'{context.q_segment_ids.shape[1]} queries and '
-                         f'{context.k.shape[1]} keys: a packed prompt is not decoded '
-                         'through a cache with Multi-Token Attention (its convolution would '
-                         'need the earlier queries of each document); decode one document '
-                         'per row.')
-      segments = (context.q_segment_ids, context.k_segment_ids)
+      # The convolution reads the queries of earlier slots (`q_history`, one
+      # per key slot): their documents are the keys' (self-attention), also
+      # over a cache, where the call's queries are a few of those slots.
+      full = context.q_segment_ids.shape[1] == context.k.shape[1]
+      segments = ((context.q_segment_ids if full else context.k_segment_ids),
+                  context.k_segment_ids)
     convolved = key_query_convolution(
         self.kernel[...].astype(jnp.float32), context.q_history, context.k, context.q_slots,
         pad_key=self.pad_key, kv_lengths=context.kv_lengths, window=context.window,

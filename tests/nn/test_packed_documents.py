@@ -196,8 +196,7 @@ def _check_cached_equals_full_pass(graphdef, state, prefill=7):
 
 class PackedCacheTest(chex.TestCase, parameterized.TestCase):
 
-  # MTA is refused below: its convolution reads earlier queries' rows.
-  @parameterized.named_parameters((e, e) for e in ('rope', 'fox', 'cope', 'path_fox'))
+  @parameterized.named_parameters((e, e) for e in ('rope', 'fox', 'cope', 'mta', 'path_fox'))
   def test_packed_prompt_through_the_cache_equals_the_full_pass(self, encoding):
     _check_cached_equals_full_pass(*_model(encoding, implementation='dense'))
 
@@ -244,9 +243,6 @@ class PackedRefusalTest(parameterized.TestCase):
     mha = aj.MultiHeadAttention(16, 2, causal=True, scalable_softmax=1.0, rngs=nnx.Rngs(0))
     with self.assertRaisesRegex(ValueError, 'segment_ids= with scalable_softmax'):
       mha.extend(jnp.ones((1, T, 16)), mha.init_cache(1, T), 0, segment_ids=_ids())
-    mta = nnx.merge(*_model('mta'))
-    with self.assertRaisesRegex(ValueError, 'not decoded through a cache with Multi-Token'):
-      mta.extend(_tokens()[:, :7], mta.init_cache(1, T), 0, segment_ids=_ids()[:, :7])
     model = nnx.merge(*_model('rope'))
     with self.assertRaisesRegex(ValueError, r'segment_ids has shape \(1, 3\)'):
       model.extend(_tokens(), model.init_cache(1, 32), 0, segment_ids=jnp.zeros((1, 3), int))
