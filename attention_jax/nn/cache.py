@@ -25,6 +25,7 @@ from flax import nnx
 
 from attention_jax.attention import scaled_dot_product_attention
 from attention_jax.attention.checks import is_concrete
+from attention_jax.attention.segments import check_segment_ids
 from attention_jax.attention.segments import segment_mask
 from attention_jax.attention.segments import segment_positions
 from attention_jax.attention.scalable import scalable_softmax_queries
@@ -78,13 +79,7 @@ def cached_documents(cache: dict, segment_ids, start, s_len: int, b: int):
                                           False)
     call_ids = jnp.broadcast_to(jnp.where(jnp.asarray(start) > 0, before, 0)[:, None], (b, s_len))
   else:
-    if np.shape(segment_ids) != (b, s_len):
-      raise ValueError(f'segment_ids has shape {np.shape(segment_ids)}; it must be [batch, '
-                       f'length] like the call\'s tokens, ({b}, {s_len}).')
-    if not jnp.issubdtype(jnp.asarray(segment_ids).dtype, jnp.integer):
-      raise TypeError(f'segment_ids must be integer ids, got '
-                      f'{jnp.asarray(segment_ids).dtype.name}.')
-    call_ids = jnp.asarray(segment_ids, jnp.int32)
+    call_ids, _ = check_segment_ids(segment_ids, None, b, s_len, s_len)
   ids = jax.lax.dynamic_update_slice_in_dim(ids, call_ids, start, 1)
   slots = start + jnp.arange(s_len, dtype=jnp.int32)
   positions = jnp.take(segment_positions(ids), slots, axis=1)

@@ -338,15 +338,10 @@ class TransformerLM(nnx.Module):
     """`extend` without the slot check, for callers that guarantee the range."""
     s_len, t_max = tokens.shape[1], cache[0]['key'].shape[2]
     documents = cached_documents(cache[0], segment_ids, start, s_len, tokens.shape[0])
-    if positions is None and documents is not None:
-      # Each token's index in its document: at most its slot, so within the
-      # cache's range as the slots are, and the same trace-time check serves.
-      positions = documents[2]
-      self._check_cache_positions(t_max)
-      with positions_proven():
-        x = self.positional.add_to_embeddings(self.embed(tokens), positions)
-    elif positions is None:
-      positions = start + jnp.arange(s_len, dtype=jnp.int32)
+    if positions is None:
+      # The slots, or each token's index in its document (at most its slot).
+      positions = (start + jnp.arange(s_len, dtype=jnp.int32) if documents is None
+                   else documents[2])
       # The slots start … start+S-1 lie in 0 … t_max-1 whenever the step is
       # valid (else `extend` raises, or poisons its logits and records the
       # overflow), so checking the cache's last slot now, at trace time,
