@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from unittest import mock
 
 import chex
 import jax
@@ -58,6 +59,7 @@ class EvaluationDropoutTest(chex.TestCase):
     on = self._scores(False)
     np.testing.assert_array_equal(on, self._scores(False))
     self.assertFalse(np.array_equal(on, self._scores(True)))
+
     self.assertFalse(np.array_equal(on, self._scores(False, seed=2)))
 
   def test_deterministic_is_a_bool_field_off_in_every_preset_as_theirs(self):
@@ -69,6 +71,26 @@ class EvaluationDropoutTest(chex.TestCase):
     c.eval = dict(c.eval.to_dict(), deterministic='yes')  # a config built by hand
     with self.assertRaisesRegex(ConfigError, "eval.deterministic='yes' must be True"):
       suite.validate(c)
+
+
+class HardSetPaddingTest(chex.TestCase):
+  """The hard set's cases are padded to `suite_hard.ROWS` rows so lengths
+  share a compiled program; the padding changes no scored row, with dropout
+  on and randomized positions (both drawn per batch or per row)."""
+
+  def test_hard_set_padding_changes_no_scored_row(self):
+    from attention_jax.lab.evaluate import suite_hard  # pylint: disable=import-outside-toplevel
+    c = tiny(**{'model.dropout': 0.5, 'eval.deterministic': False})
+    task = lab_tasks.get_spec('bucket_sort')
+    rows = {}
+    for pad in (1, suite_hard.ROWS):
+      programs = suite_trainer.Programs.for_tasks(c, [task])
+      graphdef, params, rest = programs.models('relative:randomized', [0, 1])
+      with mock.patch.object(suite_hard, 'ROWS', pad):
+        rows[pad] = suite_hard.evaluate(programs, task, 'relative:randomized', graphdef,
+                                        params, rest)
+    self.assertEqual(rows[1], rows[suite_hard.ROWS])
+    self.assertGreater(sum(r['count'] for r in rows[1][0]), 0)
 
 
 class SuiteRunTest(chex.TestCase):
