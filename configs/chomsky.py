@@ -85,6 +85,10 @@ def get_config(arg=None):
   c.study.shard = ()
   c.study.on_locked = 'refuse'  # a group another job trains: 'refuse' (one line) or 'wait'
   c.study.report_only = False  # write the outputs from the recorded settings; train nothing
+  # Groups trained and evaluated at once, in threads: XLA compiles and runs
+  # two groups' programs side by side, filling the cores one small group
+  # leaves idle; 1 = one after another. The same records either way.
+  c.study.parallel_setups = 1
 
   c.model = ml_collections.ConfigDict()
   c.model.num_layers = 5  # theirs: 5
@@ -169,6 +173,7 @@ def _paper(c):
 
 
 def _tiny(c):
+  c.study.parallel_setups = 2  # its time is compiling: two groups compile at once
   c.model.num_layers = 1
   c.model.d_model = 16
   c.model.num_heads = 2

@@ -34,6 +34,7 @@ outputs are written by whichever job records the last setting (or by
 
 import json
 import os
+import threading
 import time
 from typing import Callable, Optional
 
@@ -52,6 +53,8 @@ from attention_jax.lab.report import suite_report
 from attention_jax.lab.train import suite_trainer
 from attention_jax.lab.report import results
 from attention_jax.lab import tasks
+from attention_jax.lab.runs.timing import side_by_side
+from attention_jax.lab.train.interrupt import combined
 from attention_jax.lab.train.interrupt import raise_if_stopped
 from attention_jax.lab.train.interrupt import stop_requests
 from attention_jax.lab.train.loop import time_budget
@@ -63,6 +66,7 @@ from attention_jax.positional import parse_encoding_spec
 # shards, locks, progress, memory), not what a setting computes.
 _NOT_COMPUTED = (('study', 'tasks'), ('study', 'encodings'), ('study', 'learning_rates'),
                  ('study', 'shard'), ('study', 'on_locked'), ('study', 'report_only'),
+                 ('study', 'parallel_setups'),
                  ('train', 'log_every'), ('train', 'checkpoint_every'),
                  ('train', 'checkpoint_keep'), ('train', 'stop_after'),
                  ('train', 'max_minutes'), ('eval', 'cache'))
@@ -156,6 +160,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if not study.learning_rates or any(not lr > 0 for lr in study.learning_rates):
     raise ConfigError(f'invalid config: study.learning_rates={tuple(study.learning_rates)!r} '
                       'must be positive, at least one.')
+  workers = study.get('parallel_setups', 1)
+  if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+    raise ConfigError(f'invalid config: study.parallel_setups={workers!r} must be an integer '
+                      '>= 1 (groups trained side by side).')
   if study.on_locked not in ('refuse', 'wait'):
     raise ConfigError(f"invalid config: study.on_locked={study.on_locked!r}; choose 'refuse' "
                       "or 'wait'.")
@@ -356,11 +364,11 @@ def _run_shard(config, workdir, found: dict, progress) -> None:
            for name in group]
   programs = suite_trainer.Programs.for_tasks(config, [tasks.get_spec(t) for t in config.study.tasks])
   deadline = time_budget(config)
-  begun, done = time.time(), 0
-  for i, (encoding, lr, group) in enumerate(todo):
+  begun, done, lock = time.time(), [0], threading.Lock()
+
+  def run(i):
+    encoding, lr, group = todo[i]
     missing = [name for name in group if (name, encoding, lr) not in found]
-    if i not in mine or not missing:
-      continue
     directory = group_dir(workdir, encoding, lr, missing)
     try:
       with locks.hold(directory, wait=locks.waits(config), log=progress,
@@ -370,12 +378,20 @@ def _run_shard(config, workdir, found: dict, progress) -> None:
     except locks.RunLocked as e:
       progress(f'[group {i + 1}/{len(todo)}] {encoding} (lr {lr:g}) × {", ".join(missing)}: '
                f'in training by {e.holder}; left to it')
-      continue
-    done += len(missing)
-    elapsed = time.time() - begun
-    left = sum(1 for setting in owned if setting not in found)
-    progress(f'  {len(found)}/{len(settings(config))} settings; {elapsed / 60:.1f} min so '
-             f'far, about {elapsed / done * left / 60:.1f} min left')
+      return
+    with lock:
+      done[0] += len(missing)
+      elapsed = time.time() - begun
+      left = sum(1 for setting in owned if setting not in found)
+      progress(f'  {len(found)}/{len(settings(config))} settings; {elapsed / 60:.1f} min so '
+               f'far, about {elapsed / done[0] * left / 60:.1f} min left')
+
+  jobs = [i for i, (encoding, lr, group) in enumerate(todo)
+          if i in mine and any((name, encoding, lr) not in found for name in group)]
+  # Groups side by side in threads (`timing.side_by_side`): XLA compiles and
+  # runs two groups' programs at once, filling the cores one small group
+  # leaves idle. Each group's computation is its own: the same records.
+  side_by_side(run, jobs, config.study.get('parallel_setups', 1), combine=combined)
 
 
 def _run_held(programs, config, workdir, found, encoding, lr, missing, directory, deadline,

@@ -43,6 +43,7 @@ examples.
 """
 
 import math
+import threading
 import time
 from typing import Callable, Optional
 
@@ -116,6 +117,7 @@ class Programs:
     self.config, self.vocab_size, self.num_classes = config, vocab_size, num_classes
     self.max_slots = max_slots  # every model is built alike, so programs are shared
     self._cache = {}
+    self._lock = threading.Lock()  # groups side by side share the cache (`suite._run_shard`)
     self.mesh = make_mesh('data')  # module docstring: data parallel
     self.replicated = NamedSharding(self.mesh, P())
     self._rows = NamedSharding(self.mesh, P('data'))
@@ -134,9 +136,10 @@ class Programs:
     return cls(config, *sizes(tasks, config.eval.max_length))
 
   def _get(self, key, make):
-    if key not in self._cache:
-      self._cache[key] = make()
-    return self._cache[key]
+    with self._lock:  # `make` is quick: a `jax.jit` wrapper (compiled on its first call)
+      if key not in self._cache:
+        self._cache[key] = make()
+      return self._cache[key]
 
   def models(self, encoding, seeds):
     """(graphdef, params stacked over seeds `[S, …]`, the rest of the state)."""

@@ -173,6 +173,10 @@ class SuiteRunTest(chex.TestCase):
     self._assert_same_as_the_shared_run(records)
 
   def test_two_shards_equal_one_process(self):
+    # The shared run trains its groups two at a time (the tiny preset's
+    # study.parallel_setups); each shard here trains one group alone, so the
+    # equality below is also side by side against one after another.
+    self.assertEqual(tiny().study.parallel_setups, 2)
     workdir, first = tempfile.mkdtemp(), []
     one = {'study.encodings': ('rope:randomized',)}
     self.assertIsNone(suite.run_suite(tiny(**one, **{'study.shard': (0, 2)}), workdir,
@@ -261,6 +265,7 @@ class ConfigTest(chex.TestCase):
         ('train.max_minutes', -1.0, r'train.max_minutes=-1.0 must be a finite number'),
         ('study.on_locked', 'skip', r"study.on_locked='skip'; choose 'refuse' or 'wait'"),
         ('study.shard', (2, 2), r'study.shard=\(2, 2\) must be \(INDEX, COUNT\)'),
+        ('study.parallel_setups', 0, r'study.parallel_setups=0 must be an integer >= 1'),
         ('train.num_steps', 0, r'train.num_steps=0 must be an integer >= 1')):
       with self.assertRaisesRegex(ConfigError, message):
         suite.validate(tiny(**{path: value}))
@@ -269,7 +274,7 @@ class ConfigTest(chex.TestCase):
     a = suite.identity(tiny())
     b = suite.identity(tiny(**{'train.stop_after': 2, 'train.max_minutes': 5.0,
                                'study.shard': (0, 2), 'train.checkpoint_every': 4,
-                               'study.tasks': ('parity_check',)}))
+                               'study.tasks': ('parity_check',), 'study.parallel_setups': 1}))
     self.assertEqual(a, b)
     self.assertNotEqual(a, suite.identity(tiny(**{'study.seeds': (0,)})))
 
