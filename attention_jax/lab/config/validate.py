@@ -361,7 +361,9 @@ def validate_config(config: ml_collections.ConfigDict, *, study: bool = False) -
                f'eval.max_length={ev.max_length} on {name!r}: the model reads '
                f'{needed} positions; set model.max_positions >= {needed} or 0 (auto).')
   # An evaluation that cannot fit is refused now, not after every model trained.
+  models = eval_budget.models_at_once(config, stacked_seeds=config.study.get('vmap_seeds', True)) \
+      if study else 1
   for name in task_names:
     c = config.copy_and_resolve_references()
     c.task.name = name
-    eval_budget.check(c)
+    eval_budget.check(c, models)

@@ -9,8 +9,10 @@ refusing only what is far out of reach, each naming the largest
 * memory: one evaluation call holds `eval.batch_size` sequences of the
   longest evaluated length, a few activations of the model's widest layer
   per token and, with `model.attention_implementation='dense'` (or a seq2seq
-  model's attention), one score matrix per head; refused above the machine's
-  memory (`physical_memory`);
+  model's attention), one score matrix per head, for every model evaluated
+  at once (`models_at_once`: the seeds a program stacks, times the setups
+  or groups side by side); refused above the machine's memory
+  (`physical_memory`);
 * work: the forward FLOPs of every evaluated sequence (weights 2·params per
   token, attention 4·d_model per query-key pair and layer): every length ×
   `eval.num_samples`, again for greedy generation (`eval.generate`) and for
@@ -82,6 +84,19 @@ def _cost(model: _Model, sizes: Sequence[tuple[int, int]], longest: int, batch_s
   return memory, flops
 
 
+def models_at_once(config: ml_collections.ConfigDict, *, stacked_seeds: bool) -> int:
+  """Models whose evaluations are in memory together: `study.seeds` when
+  one program stacks them (`stacked_seeds`), times `study.parallel_setups`."""
+  study = config.get('study') or {}
+  seeds = len(study.get('seeds', ())) if stacked_seeds else 1
+  return max(1, seeds) * max(1, study.get('parallel_setups', 1))
+
+
+def _at_once_text(models: int) -> str:
+  return (f' for each of the {models} models evaluated at once (study.seeds stacked × '
+          'study.parallel_setups)' if models > 1 else '')
+
+
 def _largest(fits: Callable[[int], bool], low: int, high: int) -> int:
   """The largest n in [low, high] with fits(n), fits monotone; low - 1 if none."""
   if not fits(low):
@@ -94,7 +109,7 @@ def _largest(fits: Callable[[int], bool], low: int, high: int) -> int:
 
 def _refuse(where: str, max_length: int, memory: float, flops: float, batch_size: int,
             longest: int, what: str, fits: Callable[[int], bool], floor: int,
-            extra: str = '') -> None:
+            extra: str = '', models: int = 1) -> None:
   """The ConfigError of `check`/`check_encoder` if an estimate is out of reach."""
   limit = physical_memory()
   over_memory = limit and memory > limit
@@ -103,18 +118,20 @@ def _refuse(where: str, max_length: int, memory: float, flops: float, batch_size
   bound = _largest(fits, floor, max_length - 1)
   fix = (f'eval.max_length <= {bound:,} fits' if bound >= floor else
          f'no eval.max_length >= {floor} fits with these sizes')
+  at_once = _at_once_text(models)
+  fewer = ', study.parallel_setups' if models > 1 else ''
   if over_memory and bound < floor:  # not the lengths: the batch or the model is too large
     raise ConfigError(
-        f'invalid config: one evaluation call of eval.batch_size={batch_size}{extra} needs '
-        f'about {memory / 2**30:,.0f} GiB at eval.max_length={max_length} on {where}, more '
-        f'than this machine\'s {limit / 2**30:,.0f} GiB, and {fix}; reduce eval.batch_size or '
-        f'the model (model.d_model, model.num_layers, model.mlp_dim).')
+        f'invalid config: one evaluation call of eval.batch_size={batch_size}{extra}{at_once} '
+        f'needs about {memory / 2**30:,.0f} GiB at eval.max_length={max_length} on {where}, '
+        f'more than this machine\'s {limit / 2**30:,.0f} GiB, and {fix}; reduce '
+        f'eval.batch_size{fewer} or the model (model.d_model, model.num_layers, model.mlp_dim).')
   if over_memory:
     raise ConfigError(
         f'invalid config: eval.max_length={max_length} on {where}: the model reads '
         f'{longest:,} tokens per sequence, and one evaluation call of eval.batch_size='
-        f'{batch_size}{extra} needs about {memory / 2**30:,.0f} GiB, more than this machine\'s '
-        f'{limit / 2**30:,.0f} GiB; lower eval.max_length or eval.batch_size'
+        f'{batch_size}{extra}{at_once} needs about {memory / 2**30:,.0f} GiB, more than this '
+        f'machine\'s {limit / 2**30:,.0f} GiB; lower eval.max_length or eval.batch_size{fewer}'
         f'{" or set eval.cache=False" if extra else ""} ({fix}).')
   raise ConfigError(
       f'invalid config: eval.max_length={max_length} on {where}: evaluating {what} is about '
@@ -122,8 +139,9 @@ def _refuse(where: str, max_length: int, memory: float, flops: float, batch_size
       f'FLOP/s); lower eval.max_length, eval.lengths or eval.num_samples ({fix}).')
 
 
-def _decoder_cost(config: ml_collections.ConfigDict, max_length: int):
-  """`_cost` of a decoder study's evaluation with eval.max_length = max_length."""
+def _decoder_cost(config: ml_collections.ConfigDict, max_length: int, models: int = 1):
+  """`_cost` of a decoder study's evaluation with eval.max_length = max_length,
+  the memory of `models` evaluated at once."""
   m, e = config.model, config.eval
   c = config.copy_and_resolve_references()
   c.eval.max_length = max_length
@@ -140,23 +158,24 @@ def _decoder_cost(config: ml_collections.ConfigDict, max_length: int):
   sizes += [(tasks.tokens_read(task, max(a, b)), e.get('grid_samples', 0))
             for a in grid for b in grid]
   longest = tasks.tokens_read(task, max(lengths))
-  return _cost(model, sizes, longest, e.batch_size) + (longest, len(lengths))
+  memory, flops = _cost(model, sizes, longest, e.batch_size)
+  return models * memory, flops, longest, len(lengths)
 
 
-def check(config: ml_collections.ConfigDict) -> None:
+def check(config: ml_collections.ConfigDict, models: int = 1) -> None:
   """ConfigError naming eval.max_length, the fields that set the size and
   the largest eval.max_length that fits, when a decoder study's evaluation
-  cannot fit (module docstring)."""
+  cannot fit (module docstring); `models`: evaluated at once (`models_at_once`)."""
   e = config.eval
-  memory, flops, longest, count = _decoder_cost(config, e.max_length)
+  memory, flops, longest, count = _decoder_cost(config, e.max_length, models)
 
   def fits(n):
-    mem, work, _, _ = _decoder_cost(config, n)
+    mem, work, _, _ = _decoder_cost(config, n, models)
     return (not physical_memory() or mem <= physical_memory()) and work <= MAX_EVAL_FLOPS
 
   _refuse(repr(config.task.name), e.max_length, memory, flops, e.batch_size, longest,
           f'{count} lengths × eval.num_samples={e.num_samples}', fits,
-          config.task.train_max_length)
+          config.task.train_max_length, models=models)
 
 
 def _encoder_cost(config: ml_collections.ConfigDict, specs: list, max_length: int):
@@ -172,6 +191,7 @@ def _encoder_cost(config: ml_collections.ConfigDict, specs: list, max_length: in
       sizes.append((encoder_layout.padded_slots(spec, n), e.num_samples * min(step, max_length + 1 - n)))
     longest = max(longest, encoder_layout.padded_slots(spec, max_length))
   memory, flops = _cost(model, sizes, longest, e.batch_size)
+  memory *= models_at_once(config, stacked_seeds=True)  # the suite stacks its seeds
   if e.get('cache', False):  # every task's evaluation data kept: ~4 int32 arrays per slot
     memory += 16 * sum(t * count for t, count in sizes)
   return memory, flops, longest
@@ -193,4 +213,5 @@ def check_encoder(config: ml_collections.ConfigDict) -> None:
   _refuse(f'{len(specs)} task{"s" * (len(specs) != 1)}', e.max_length, memory, flops,
           e.batch_size, longest, f'{e.max_length - e.min_length + 1:,} lengths × '
           f'eval.num_samples={e.num_samples}', fits, config.train.max_length + 2,
-          ' with the data eval.cache keeps' if e.get('cache', False) else '')
+          ' with the data eval.cache keeps' if e.get('cache', False) else '',
+          models=models_at_once(config, stacked_seeds=True))

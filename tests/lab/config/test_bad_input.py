@@ -140,6 +140,29 @@ class EvaluationBudgetTest(parameterized.TestCase):
         with self.assertRaises(ConfigError):
           check(c)
 
+  def test_models_evaluated_at_once_multiply_the_memory(self):
+    c = copy_config.get_config('scale=cpu')  # 3 seeds stacked, 2 setups side by side
+    self.assertEqual(eval_budget.models_at_once(c, stacked_seeds=True), 6)
+    self.assertEqual(eval_budget.models_at_once(c, stacked_seeds=False), 2)
+    one, six = (eval_budget._decoder_cost(c, c.eval.max_length, n)[0] for n in (1, 6))
+    self.assertEqual(six, 6 * one)
+    c.eval.max_length = 100_000_000
+    bounds = {}
+    for models in (1, 6):
+      with self.assertRaisesRegex(ConfigError, r'<= ([0-9,]+) fits') as caught:
+        eval_budget.check(c, models)
+      bounds[models] = int(re.search(r'<= ([0-9,]+) fits', str(caught.exception))[1]
+                           .replace(',', ''))
+    self.assertLess(bounds[6], bounds[1])
+    c.eval.max_length = bounds[1]  # fits one model, not six at once: the message says why
+    eval_budget.check(c, 1)
+    with self.assertRaisesRegex(ConfigError, r'for each of the 6 models evaluated at once '
+                                r'\(study.seeds stacked × study.parallel_setups\).*'
+                                r'eval.batch_size, study.parallel_setups'):
+      eval_budget.check(c, 6)
+    with self.assertRaisesRegex(ConfigError, 'models evaluated at once'):
+      validate_config(c, study=True)
+
   def test_chomsky_validation_refuses_before_training(self):
     c = chomsky_config.get_config('scale=tiny,encodings=rope')  # randomized: refused earlier
     c.eval.max_length = 100_000_000
