@@ -12,7 +12,9 @@ task and encoding. Theirs: `experiments/training.py`'s update step
 `TrainingWorker.run` drives it (a length from their uniform curriculum, a
 batch from the task's `sample_batch`, one step per call). Ours:
 `lab.train.suite_trainer.train` (the padded shape of the task's longest
-length, `train.steps_per_call` steps per compiled call, seeds vmapped).
+length, `train.steps_per_call` steps per compiled call, seeds vmapped), and
+with `--length_buckets=K` also ours with `train.length_buckets=K` (each step
+at its length's bucket of K: 'ours_buckets').
 
 Per model-step is the time of a run with everything compiled, divided by
 steps × models (theirs trains one model at a time, ours `--seeds` at once);
@@ -50,23 +52,27 @@ _ENCODING = flags.DEFINE_enum('encoding', 'relative:randomized', list(_ENCODINGS
 _STEPS = flags.DEFINE_integer('steps', 500, 'training steps per timed run')
 _SEEDS = flags.DEFINE_integer('seeds', 1, 'models ours trains at once (vmapped)')
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'timed runs of each')
+_BUCKETS = flags.DEFINE_integer('length_buckets', 0, 'K > 0: also time ours with '
+                                'train.length_buckets=K')
 _OUT = flags.DEFINE_string('out', 'benchmarks/results/suite_vs_deepmind', 'results path '
                            'prefix (.json, .md); empty: print only')
 
 
-def _config(steps: int):
+def _config(steps: int, buckets: int = 0):
   c = chomsky_config.get_config()  # the CPU preset
+  c.train.length_buckets = buckets
   c.train.num_steps = steps
   c.train.checkpoint_every = steps
   c.train.log_every = steps
   return c
 
 
-def ours(task_name: str, encoding: str, steps: int, seeds: int):
-  """A call that trains `seeds` models for `steps` steps, compiled already."""
+def ours(task_name: str, encoding: str, steps: int, seeds: int, buckets: int = 0):
+  """A call that trains `seeds` models for `steps` steps (programs compiled
+  by its first call)."""
   from attention_jax.lab import tasks  # pylint: disable=import-outside-toplevel
   from attention_jax.lab.train import suite_trainer  # pylint: disable=import-outside-toplevel
-  c = _config(steps)
+  c = _config(steps, buckets)
   task = tasks.get_spec(task_name)
   programs = suite_trainer.Programs.for_tasks(c, [task])
 
@@ -134,30 +140,37 @@ def theirs(root: str, task_name: str, encoding: str, steps: int):
 
 
 def main(_):
-  steps, seeds = _STEPS.value, _SEEDS.value
-  ours_run = ours(_TASK.value, _ENCODING.value, steps, seeds)
+  steps, seeds, buckets = _STEPS.value, _SEEDS.value, _BUCKETS.value
+  runs = {'ours': ours(_TASK.value, _ENCODING.value, steps, seeds)}
+  if buckets:
+    runs['ours_buckets'] = ours(_TASK.value, _ENCODING.value, steps, seeds, buckets)
   theirs_run, theirs_fresh = theirs(_ROOT.value, _TASK.value, _ENCODING.value, steps)
   # End to end, compiles included: each the first run of its code here.
-  start = time.perf_counter()
-  jax.block_until_ready(theirs_fresh())
-  theirs_first = time.perf_counter() - start
-  start = time.perf_counter()
-  jax.block_until_ready(ours_run())
-  ours_first = time.perf_counter() - start
-  times = timing.interleaved({'deepmind': theirs_run, 'ours': ours_run}, _REPEATS.value,
-                             warm_up=True)
+  first = {}
+  for name, run in (('deepmind', theirs_fresh), *runs.items()):
+    start = time.perf_counter()
+    jax.block_until_ready(run())
+    first[name] = time.perf_counter() - start
+  times = timing.interleaved({'deepmind': theirs_run, **runs}, _REPEATS.value, warm_up=True)
   stats = {name: timing.stats(t) for name, t in times.items()}
-  models = {'deepmind': 1, 'ours': seeds}
+  models = {name: 1 if name == 'deepmind' else seeds for name in stats}
   per_step = {name: stats[name]['median_s'] / (steps * models[name]) for name in stats}
   row = dict(task=_TASK.value, encoding=_ENCODING.value, steps=steps, seeds=seeds,
-             repeats=_REPEATS.value, jax=jax.__version__, device=jax.devices()[0].device_kind,
+             length_buckets=buckets, repeats=_REPEATS.value, jax=jax.__version__,
+             device=jax.devices()[0].device_kind,
              ms_per_model_step={k: 1e3 * v for k, v in per_step.items()},
              ours_per_step_speed=per_step['deepmind'] / per_step['ours'],
-             end_to_end_s=dict(deepmind=theirs_first, ours=ours_first),
-             end_to_end_speed_per_model=(theirs_first * seeds) / ours_first, times=times)
+             end_to_end_s=first,
+             end_to_end_speed_per_model=(first['deepmind'] * seeds) / first['ours'],
+             times=times)
+  if buckets:
+    row.update(ours_buckets_per_step_speed=per_step['deepmind'] / per_step['ours_buckets'],
+               ours_buckets_end_to_end_speed_per_model=(first['deepmind'] * seeds)
+               / first['ours_buckets'])
   print(json.dumps(row, indent=1))
   if _OUT.value:
-    path = f'{_OUT.value}_{_TASK.value}_{_ENCODING.value.replace(":", "_")}_{seeds}seeds'
+    path = (f'{_OUT.value}_{_TASK.value}_{_ENCODING.value.replace(":", "_")}_{seeds}seeds'
+            + (f'_{buckets}buckets' if buckets else ''))
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path + '.json', 'w') as f:
       json.dump(row, f, indent=1)

@@ -115,6 +115,11 @@ def get_config(arg=None):
   c.train.min_length = 1  # one length per batch, uniform in [min, max]; theirs: 1
   c.train.max_length = 40  # theirs: 40
   c.train.grad_clip_norm = 1.0  # global-norm clipping before Adam; theirs: 1.0
+  # K > 0: each step padded to its length's bucket (the training lengths in K
+  # equal ranges) instead of the longest length, and one length per step for
+  # the whole run rather than per seed (attention_jax/lab/train/suite_trainer.py);
+  # 0: theirs, every batch at the longest length's slots.
+  c.train.length_buckets = 0
 
   c.eval = ml_collections.ConfigDict()
   c.eval.min_length = 1  # every length min … max is evaluated (theirs: 1 …)

@@ -78,6 +78,8 @@ def identity(config: ml_collections.ConfigDict) -> dict:
   d = config.to_dict()
   for group, key in _NOT_COMPUTED:
     d.get(group, {}).pop(key, None)
+  if not d.get('train', {}).get('length_buckets', 1):  # 0 is what older records were
+    d['train'].pop('length_buckets')
   return json.loads(json.dumps(d, sort_keys=True, default=list))
 
 
@@ -131,6 +133,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if t[field] % t.steps_per_call:
       raise ConfigError(f'invalid config: train.{field}={t[field]} must be a multiple of '
                         f'train.steps_per_call={t.steps_per_call} (steps per compiled call).')
+  buckets, span = t.get('length_buckets', 0), t.max_length - t.min_length + 1
+  if isinstance(buckets, bool) or not isinstance(buckets, int) or not 0 <= buckets <= span:
+    raise ConfigError(f'invalid config: train.length_buckets={buckets!r} must be an integer '
+                      f'from 0 (none) to {span}, the training lengths '
+                      f'train.min_length … train.max_length.')
   stop = t.stop_after
   if isinstance(stop, bool) or not isinstance(stop, int) or stop < 0 or stop % t.steps_per_call:
     raise ConfigError(f'invalid config: train.stop_after={stop!r} must be 0 (never) or a '

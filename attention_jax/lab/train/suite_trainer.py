@@ -17,6 +17,18 @@ far: `train` checkpoints that (`train.checkpoint.Checkpointer`, every
 `train.stop_after` or the time budget), and a group restored from a
 checkpoint continues bit for bit as if it had never stopped.
 
+Length buckets (`train.length_buckets` = K > 0): every batch is padded to
+the longest training length, so a short batch pays for the longest; with K
+buckets each step runs at the slots of its length's bucket instead (the
+training lengths split into K equal ranges), one branch per bucket in the
+compiled step (`lax.switch`). A switch picks one branch only when every
+member of the program takes it, so the step's length is then drawn once
+for the whole run, from `(LENGTH_SEED, step)`, where K = 0 draws one per
+seed as theirs. The padding is inert (keys past a batch's length are
+masked; randomized positions are the same first draws), so the buckets
+change the cost of a step, not its result (to float rounding, with dropout
+off: dropout masks are drawn over the padded shape).
+
 Shared shapes: every task is laid out with the suite's common vocabulary
 (the largest `input_size` + 1) and class count, its own classes marked by
 `num_classes`: the head's other logits are masked out (a finite large
@@ -78,6 +90,29 @@ def noise_kind(encoding: str) -> Optional[str]:
     raise ValueError(f'encoding {encoding!r}: the encoder protocol randomizes positions as '
                      f"DeepMind's code does, which it defines for {sorted(encoder_layout.NOISE_KINDS)}.")
   return encoder_layout.NOISE_KINDS[name]
+
+
+# The key of the run's shared training lengths under `train.length_buckets`.
+LENGTH_SEED = 0x1e9
+
+
+def bucket_ends(config: ml_collections.ConfigDict) -> list[int]:
+  """The longest training length of each bucket (module docstring):
+  `train.length_buckets` equal ranges of min_length … max_length; [max_length]
+  for 0."""
+  t = config.train
+  count = t.get('length_buckets', 0)
+  if not count:
+    return [t.max_length]
+  span = t.max_length - t.min_length + 1
+  return sorted({t.min_length - 1 + math.ceil(span * (j + 1) / count) for j in range(count)})
+
+
+def bucket_slots(group: list[TaskSpec], ends: list[int]) -> tuple[int, ...]:
+  """The slots each bucket's batches need: the most tokens any task of
+  `group` fills at a length up to the bucket's end."""
+  need = lambda n: max(t.input_length(n) + t.output_length(n) for t in group)
+  return tuple(max(need(n) for n in range(1, end + 1)) for end in ends)
 
 
 def sizes(tasks: list[TaskSpec], max_length: int) -> tuple[int, int, int]:
@@ -164,17 +199,22 @@ class Programs:
 
   def train_data(self, task: TaskSpec, slots: int):
     """jit (seeds int32 [S], start) -> batches `[S, steps_per_call, …]`, one per step
-    `start …`, and each step's noise and dropout keys."""
+    `start …`, and each step's noise and dropout keys and length bucket."""
     t = self.config.train
+
+    ends = jnp.asarray(bucket_ends(self.config), jnp.int32)
 
     def one(seed, index):
       key = jax.random.fold_in(jax.random.key(seed), index)
       length_key, data_key, noise_key, dropout_key = jax.random.split(key, 4)
+      if t.get('length_buckets', 0):  # one length per step for the run (module docstring)
+        length_key = jax.random.fold_in(jax.random.key(LENGTH_SEED), index)
       length = jax.random.randint(length_key, (), t.min_length, t.max_length + 1, jnp.int32)
       batch = encoder_layout.encoder_batch(task, data_key, length, batch_size=t.batch_size,
                                    max_length=t.max_length, slots=slots)
       return dict(batch, noise_key=jax.random.key_data(noise_key),
-                  dropout_key=jax.random.key_data(dropout_key))
+                  dropout_key=jax.random.key_data(dropout_key),
+                  bucket=jnp.searchsorted(ends, length).astype(jnp.int32))
 
     def make():
       steps = lambda seed, start: jax.vmap(lambda i: one(seed, i))(
@@ -182,16 +222,30 @@ class Programs:
       return jax.jit(jax.vmap(steps, in_axes=(0, None)), out_shardings=self.replicated)
     return self._get(('train_data', task.name, slots), make)
 
-  def train_chunk(self, graphdef, rest, encoding: str, learning_rate: float, slots: int):
-    """jit (params, opt_state, batches) -> (params, opt_state, loss [S], accuracy [S])."""
+  def train_chunk(self, graphdef, rest, encoding: str, learning_rate: float,
+                  slots: tuple[int, ...]):
+    """jit (params, opt_state, batches, buckets int32 [steps_per_call]) ->
+    (params, opt_state, loss [S], accuracy [S]); `slots`: each bucket's
+    (`bucket_slots`), a step of bucket b cut to slots[b]."""
     kind = noise_kind(encoding)
     tx = optimizer(self.config, learning_rate)
     t = self.config.train
 
-    def step(carry, batch):
+    def cut(batch, width):
+      return {k: v[:, :width] if v.ndim == 2 else v for k, v in batch.items()}
+
+    def step(carry, xs):
+      batch, bucket = xs
+      if len(slots) == 1:
+        return at_slots(slots[0], carry, batch)
+      return jax.lax.switch(bucket, [lambda c, b, w=w: at_slots(w, c, b) for w in slots],
+                            carry, batch)
+
+    def at_slots(width, carry, batch):
       params, opt_state = carry
+      batch = dict(batch)
       keys = {k: jax.random.wrap_key_data(batch.pop(k)) for k in ('noise_key', 'dropout_key')}
-      batch = self.split_rows(batch, t.batch_size)
+      batch = self.split_rows(cut(batch, width), t.batch_size)
 
       def loss_fn(p):
         logits = self.forward(graphdef, rest, p, batch, keys['noise_key'], kind,
@@ -202,11 +256,14 @@ class Programs:
       updates, opt_state = tx.update(grads, opt_state, params)
       return (optax.apply_updates(params, updates), opt_state), (loss, accuracy)
 
-    def one(params, opt_state, batches):
-      (params, opt_state), (loss, acc) = jax.lax.scan(step, (params, opt_state), batches)
+    def one(params, opt_state, batches, buckets):
+      (params, opt_state), (loss, acc) = jax.lax.scan(step, (params, opt_state),
+                                                      (batches, buckets))
       return params, opt_state, jnp.mean(loss), jnp.mean(acc)
 
-    make = lambda: (tx, jax.jit(jax.vmap(one), donate_argnums=(0, 1)))
+    # The buckets are the members' own (one length per step for all): not
+    # mapped, so the switch runs one branch.
+    make = lambda: (tx, jax.jit(jax.vmap(one, in_axes=(0, 0, 0, None)), donate_argnums=(0, 1)))
     return self._get(('train_chunk', encoding, float(learning_rate), slots), make)
 
   def eval_data(self, task: TaskSpec, slots: int, padded: int):
@@ -293,7 +350,9 @@ def train(programs: Programs, group: list[TaskSpec], encoding: str, seeds: list[
                      f'{sorted(shapes)}; train them in separate groups.')
   slots = shapes.pop()
   graphdef, params, rest = programs.models(encoding, list(seeds) * len(group))
-  tx, call = programs.train_chunk(graphdef, rest, encoding, learning_rate, slots)
+  widths = (slots,) if not t.get('length_buckets', 0) else bucket_slots(
+      group, bucket_ends(programs.config))
+  tx, call = programs.train_chunk(graphdef, rest, encoding, learning_rate, widths)
   members, calls = len(seeds) * len(group), t.num_steps // t.steps_per_call
   # Loss and accuracy of every member after every call: the log, kept in the
   # checkpoint so that a resumed group reports what an unbroken one would.
@@ -321,8 +380,9 @@ def train(programs: Programs, group: list[TaskSpec], encoding: str, seeds: list[
       batches = jax.tree.map(lambda *a: jnp.concatenate(a), *parts)
       batches['num_classes'] = jnp.broadcast_to(classes[:, None, None],
                                                 (members, t.steps_per_call, 1))
+      buckets = batches.pop('bucket')[0]  # every member's (module docstring)
       state['params'], state['opt_state'], loss, acc = call(state['params'],
-                                                            state['opt_state'], batches)
+                                                            state['opt_state'], batches, buckets)
       done, i = begin + t.steps_per_call, begin // t.steps_per_call
       state['loss'][i], state['accuracy'][i] = np.asarray(loss), np.asarray(acc)
       if done % t.log_every == 0 or done == t.num_steps:
