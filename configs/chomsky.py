@@ -108,6 +108,9 @@ def get_config(arg=None):
   c.train.checkpoint_every = 5_000  # steps between checkpoints of a group in training
   c.train.checkpoint_keep = 2  # newest checkpoints kept per group
   c.train.stop_after = 0  # stop cleanly (checkpointed) when a group reaches this step; 0: never
+  # Every compiled call's loss and accuracy (mean and per task × seed) go to
+  # groups/…/metrics.jsonl; True also writes TensorBoard files beside it.
+  c.train.tensorboard = True
   # Minutes this invocation may train before it stops cleanly (checkpointed,
   # exit status 75: run it again to continue); 0: no limit.
   c.train.max_minutes = 0.0
@@ -187,6 +190,7 @@ def _tiny(c):
   c.train.steps_per_call = 2
   c.train.log_every = 2
   c.train.checkpoint_every = 2
+  c.train.tensorboard = False
   c.train.batch_size = 4
   c.train.max_length = 4
   c.eval.max_length = 7

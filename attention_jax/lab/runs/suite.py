@@ -9,8 +9,10 @@ Workdir layout:
   config.json                       the config of the runs (one per workdir)
   settings/TASK/ENCODING/lr_LR.json one setting: per-seed accuracy per length,
                                     scores, the training log, seconds
-  groups/ENCODING/lr_LR/TASKS/      a group in training: its lock (`.lock`)
-                                    and checkpoints (`checkpoints/STEP`)
+  groups/ENCODING/lr_LR/TASKS/      a group: its lock (`.lock`), checkpoints
+                                    (`checkpoints/STEP`), every compiled
+                                    call's loss and accuracy (`metrics.jsonl`,
+                                    `tensorboard/` with train.tensorboard)
   results.csv, summary.md, chomsky.png   written once every setting is done
 
 A workdir holds one config's runs: a config whose runs would differ (model,
@@ -29,7 +31,8 @@ the jobs of a cluster array (`study.shard`, or SLURM's array variables:
 `lab.runs.cluster`), one job at a time per group (`lab.runs.locks`: a group another job
 holds is left to it, or with `study.on_locked='wait'` waited for); the
 outputs are written by whichever job records the last setting (or by
-`study.report_only`).
+`study.report_only`). With `study.parallel_setups` > 1 that many groups
+train side by side in threads.
 """
 
 import json
@@ -69,7 +72,7 @@ _NOT_COMPUTED = (('study', 'tasks'), ('study', 'encodings'), ('study', 'learning
                  ('study', 'parallel_setups'),
                  ('train', 'log_every'), ('train', 'checkpoint_every'),
                  ('train', 'checkpoint_keep'), ('train', 'stop_after'),
-                 ('train', 'max_minutes'), ('eval', 'cache'))
+                 ('train', 'max_minutes'), ('train', 'tensorboard'), ('eval', 'cache'))
 
 
 def identity(config: ml_collections.ConfigDict) -> dict:
@@ -280,7 +283,7 @@ def group_dir(workdir: str, encoding: str, learning_rate: float, names: list[str
 
 
 def run_group(programs, config, encoding, learning_rate, names, progress, *,
-              checkpoint_dir=None, deadline=None) -> list[dict]:
+              checkpoint_dir=None, deadline=None, metrics_dir=None) -> list[dict]:
   """Trains and evaluates every task of `names` × seed together -> a record
   each (checkpointed in `checkpoint_dir`, if given: `suite_trainer.train`)."""
   group = [tasks.get_spec(n) for n in names]
@@ -288,7 +291,7 @@ def run_group(programs, config, encoding, learning_rate, names, progress, *,
   begun = time.time()
   graphdef, params, rest, trained_log = suite_trainer.train(
       programs, group, encoding, seeds, learning_rate, progress,
-      checkpoint_dir=checkpoint_dir, deadline=deadline)
+      checkpoint_dir=checkpoint_dir, deadline=deadline, metrics_dir=metrics_dir)
   trained = time.time() - begun
   lengths = suite_trainer.evaluation_lengths(config)
   records = []
@@ -417,6 +420,7 @@ def _run_held(programs, config, workdir, found, encoding, lr, missing, directory
            f'{tuple(config.study.seeds)}')
   for record in run_group(programs, config, encoding, lr, missing, progress,
                           checkpoint_dir=os.path.join(directory, 'checkpoints'),
+                          metrics_dir=directory,
                           deadline=deadline):
     _write_json(record_path(workdir, record['task'], encoding, lr), record)
     found[(record['task'], encoding, lr)] = record

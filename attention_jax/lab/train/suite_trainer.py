@@ -75,6 +75,7 @@ from attention_jax.lab.train.interrupt import TIME_BUDGET
 from attention_jax.lab.train.interrupt import TrainingInterrupted
 from attention_jax.lab.train.interrupt import stop_signal
 from attention_jax.lab.train.loop import out_of_time
+from attention_jax.lab.train.metrics import MetricsWriter
 from attention_jax.lab.train.mesh import make as make_mesh
 from attention_jax.lab.tasks.spec import TaskSpec
 from attention_jax.nn.encoder import TransformerEncoder
@@ -326,7 +327,8 @@ def optimizer(config: ml_collections.ConfigDict, learning_rate: float):
 
 def train(programs: Programs, group: list[TaskSpec], encoding: str, seeds: list[int],
           learning_rate: float, progress: Callable[[str], None] = print, *,
-          checkpoint_dir: Optional[str] = None, deadline: Optional[float] = None):
+          checkpoint_dir: Optional[str] = None, deadline: Optional[float] = None,
+          metrics_dir: Optional[str] = None):
   """Trains one model per task of `group` (tasks of one padded shape,
   `encoder_layout.padded_slots`) and seed, all in one program: members task-major,
   `[len(group) · S, …]`. Each member's computation is its own (vmap); only
@@ -339,7 +341,12 @@ def train(programs: Programs, group: list[TaskSpec], encoding: str, seeds: list[
   from the newest checkpoint there, saved every `train.checkpoint_every`
   steps, and saved before a stop: a signal, the step `train.stop_after`, or
   the time `deadline` (a `train.loop` clock time) raise `TrainingInterrupted`
-  after the save (exit status 128 + signal, 0, `TIME_BUDGET`)."""
+  after the save (exit status 128 + signal, 0, `TIME_BUDGET`).
+
+  With `metrics_dir`, every compiled call's loss and accuracy (the mean, and
+  each member's as 'TASK/seedS/loss') go to its `metrics.jsonl`, and with
+  `train.tensorboard` to TensorBoard files in its `tensorboard/`
+  (`train.metrics.MetricsWriter`: a resumed group drops the lines it redoes)."""
   t = programs.config.train
   if t.num_steps % t.steps_per_call:
     raise ValueError(f'train.num_steps={t.num_steps} must be a multiple of '
@@ -371,6 +378,12 @@ def train(programs: Programs, group: list[TaskSpec], encoding: str, seeds: list[
   state['params'], state['opt_state'] = jax.device_put(
       (state['params'], state['opt_state']), programs.replicated)
   names = [task.name for task in group]
+  members_named = [f'{name}/seed{seed}' for name in names for seed in seeds]
+  # A row's step is the steps done: a group resumed at step S keeps its rows to S.
+  writer = MetricsWriter(metrics_dir, start_step=start and start + 1,
+                         tensorboard=t.get('tensorboard', False),
+                         config_json=programs.config.to_json_best_effort(indent=1,
+                                                                         sort_keys=True))
   seed_array = jnp.asarray(seeds, jnp.int32)
   classes = jnp.repeat(jnp.asarray([task.output_size for task in group], jnp.int32), len(seeds))
   begun = time.time()
@@ -385,6 +398,13 @@ def train(programs: Programs, group: list[TaskSpec], encoding: str, seeds: list[
                                                             state['opt_state'], batches, buckets)
       done, i = begin + t.steps_per_call, begin // t.steps_per_call
       state['loss'][i], state['accuracy'][i] = np.asarray(loss), np.asarray(acc)
+      row = dict(step=done, loss=float(np.mean(state['loss'][i])),
+                 accuracy=float(np.mean(state['accuracy'][i])))
+      for name, member_loss, member_acc in zip(members_named, state['loss'][i],
+                                               state['accuracy'][i]):
+        row.update({f'{name}/loss': float(member_loss), f'{name}/accuracy': float(member_acc)})
+      writer.write(row)
+      writer.flush()  # before a checkpoint can cover this step
       if done % t.log_every == 0 or done == t.num_steps:
         progress(f'    step {done}/{t.num_steps}: loss {float(jnp.mean(loss)):.3f}, train '
                  f'accuracy {float(jnp.mean(acc)):.3f} ({time.time() - begun:.0f}s)')
@@ -393,6 +413,7 @@ def train(programs: Programs, group: list[TaskSpec], encoding: str, seeds: list[
         progress(f'    step {done}: every member diverged (non-finite loss); stopped')
         break  # nothing left to train: the checkpoints so far are kept
   finally:
+    writer.close()
     if checkpoints is not None:
       checkpoints.close()
   s = len(seeds)

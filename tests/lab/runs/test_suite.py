@@ -206,9 +206,19 @@ class SuiteRunTest(chex.TestCase):
     group = suite.group_dir(workdir, 'rope:randomized', 1e-3, ['parity_check'])
     self.assertEqual(os.listdir(os.path.join(group, 'checkpoints')), ['2'])
     lines = []
-    records = suite.run_suite(tiny(**one), workdir, progress=lines.append)
+    records = suite.run_suite(tiny(**one, **{'train.tensorboard': True}), workdir,
+                              progress=lines.append)
     self.assertTrue(any('resuming at step 2 from' in line for line in lines))
     self._assert_same_as_the_shared_run(records)
+    # Every compiled call's metrics once, the interrupted one's kept: steps 2 and 4.
+    with open(os.path.join(group, 'metrics.jsonl')) as f:
+      rows = [json.loads(line) for line in f]
+    self.assertEqual([r['step'] for r in rows], [2, 4])
+    for row in rows:  # the mean is the members' (each task × seed of the group)
+      members = [row[f'parity_check/seed{s}/loss'] for s in tiny().study.seeds]
+      self.assertAlmostEqual(row['loss'], float(np.mean(np.float32(members))), places=5)
+    self.assertAlmostEqual(rows[-1]['loss'], records[0]['log'][-1]['loss'], places=6)
+    self.assertNotEmpty(os.listdir(os.path.join(group, 'tensorboard')))
 
   def test_two_shards_equal_one_process(self):
     # The shared run trains its groups two at a time (the tiny preset's
