@@ -29,7 +29,7 @@ Presets by `:arg`, comma-separated `key=value`, as configs/copy.py:
                   yet run) | tiny
                   (the tests' smoke run: 5 steps for every entry, 4 sums per
                   length, every length in one program; the default study's
-                  10 entries took 89 s in a fresh clone of 00fbaa3, alone
+                  10 entries took 77 s in a fresh clone of 0036474, alone
                   on the 2-core CPU, 2026-12-05, nearly all of it
                   compiling: about 8 s per entry, two at a time)
   study=NAME      which entries a study sweeps: STUDIES below; `carry`

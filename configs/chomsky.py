@@ -29,10 +29,11 @@ Presets by `:arg`, comma-separated `key=value`:
                   with 512 samples each, their learning-rate grid, seeds and
                   steps; for accelerators; not yet run) | tiny (the tests'
                   smoke run: 4 steps of every one of the 135 settings, 2
-                  seeds; 5 min 36 s in a fresh clone of 00fbaa3, alone on
-                  the 2-core CPU, 2026-12-05, nearly all of it compiling one
-                  program per encoding and task shape; the tests run 2 tasks
-                  × 3 encodings of it)
+                  seeds, two groups at a time; 3 min 22 s in a fresh clone
+                  of 0036474, alone on the 2-core CPU, 2026-12-05, nearly
+                  all of it compiling: each task's data generators once,
+                  then a few programs per encoding and task shape; the
+                  tests run 2 tasks × 3 encodings of it)
   tasks=A+B       a subset of the 15, or any task of attention_jax.lab.tasks.SPECS
                   (copy, reverse and duplicate too, alphabet 16)
   encodings=A+B   a subset or others (any registry name that runs

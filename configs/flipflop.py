@@ -30,7 +30,7 @@ Presets by `:arg`, comma-separated `key=value`, as configs/copy.py:
                   path and rnope_swa: tests/lab/train/test_lowering.py -k
                   flipflop_paper)
                   | tiny (the tests' smoke run: 5 steps for every entry; the
-                  13 entries took 96 s in a fresh clone of 00fbaa3, alone
+                  13 entries took 90 s in a fresh clone of 0036474, alone
                   on the 2-core CPU, 2026-12-05, nearly all of it compiling)
   study=NAME      which entries a study sweeps: STUDIES below
 """

@@ -13,8 +13,8 @@ results.csv, summary.md, extrapolation.png and attention_heatmap.png (Bahdanau
 weights on one copy example at L_train and at 4 × L_train). 2 min 41 s in a
 fresh clone of 00fbaa3, alone on the 2-core CPU, 2026-12-05; the numbers are
 in docs/results.md. Presets as in configs/copy.py
-(`:task=reverse`, `:scale=tiny`: 5 steps for each of the three models, 26 s
-in a fresh clone of 00fbaa3, alone on the 2-core CPU, 2026-12-05, nearly all
+(`:task=reverse`, `:scale=tiny`: 5 steps for each of the three models, 24 s
+in a fresh clone of 0036474, alone on the 2-core CPU, 2026-12-05, nearly all
 of it compiling).
 """
 
