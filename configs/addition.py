@@ -161,4 +161,7 @@ def _paper(c):
   c.train.update(batch_size=1000, num_steps=50_000, learning_rate=1e-4, weight_decay=0.0,
                  warmup_steps=500)
   c.eval.update(max_length=200, grid=(1, 10, 20, 30, 50, 100, 150, 200), grid_samples=100)
+  # One setup at a time: two would hold both setups' stacked seeds (evaluated
+  # in calls of eval.batch_size sums of up to 604 tokens) in memory at once.
+  c.study.parallel_setups = 1
   c.model.abacus_max_k = 99  # McLeish's default (20-digit training, 100-digit tests)

@@ -122,7 +122,10 @@ def _paper(c):
   c.task.train_min_length = c.task.train_max_length = 256
   c.train.update(batch_size=16, num_steps=10_000, learning_rate=3e-4, warmup_steps=500,
                  checkpoint_every=1000)
-  c.eval.update(max_length=1024, lengths=(256, 512, 1024), num_samples=4096, batch_size=64)
+  # Calls of 16 × 3 stacked seeds, one setup at a time: 48 sequences of 2,048
+  # tokens through a model of width 512 (the evaluation budget's estimate: 6 GiB).
+  c.eval.update(max_length=1024, lengths=(256, 512, 1024), num_samples=4096, batch_size=16)
+  c.study.parallel_setups = 1
   # Three windowed RoPE layers per global NoPE one, as RNoPE-SWA, the window
   # a sixteenth of the training sequence (SWAN-GPT: 512 of 8,192).
   c.study.variants.rnope_swa.model.encoding_layers = 'rope/32,rope/32,rope/32,none'

@@ -172,7 +172,9 @@ class Programs:
     return cls(config, *sizes(tasks, config.eval.max_length))
 
   def _get(self, key, make):
-    with self._lock:  # `make` is quick: a `jax.jit` wrapper (compiled on its first call)
+    # `make` is quick: a `jax.jit` wrapper (compiled on its first call), or
+    # the hard set's few fixed batches.
+    with self._lock:
       if key not in self._cache:
         self._cache[key] = make()
       return self._cache[key]

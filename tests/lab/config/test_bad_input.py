@@ -30,6 +30,7 @@ from attention_jax.lab.protocols.encoder_layout import encoder_batch
 from configs import addition as addition_config
 from configs import chomsky as chomsky_config
 from configs import copy as copy_config
+from configs import flipflop as flipflop_config
 from configs import seq2seq as seq2seq_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -186,8 +187,10 @@ class EvaluationBudgetTest(parameterized.TestCase):
 
   def test_the_presets_fit(self):
     for scale in ('tiny', 'cpu', 'paper'):
-      for module in (copy_config, addition_config, seq2seq_config):
-        eval_budget.check(module.get_config(f'scale={scale}'))
+      for module in (copy_config, addition_config, seq2seq_config, flipflop_config):
+        c = module.get_config(f'scale={scale}')
+        models = eval_budget.models_at_once(c, stacked_seeds=c.study.vmap_seeds)
+        eval_budget.check(c, models)
       eval_budget.check_encoder(chomsky_config.get_config(f'scale={scale}'))
 
 

@@ -86,13 +86,19 @@ class LengthBucketsTest(chex.TestCase):
                                             1e-3, progress=lambda _: None)
     return params, log
 
-  def test_buckets_train_as_one_bucket(self):
+  def _assert_trains_as_one_bucket(self, buckets):
     one_params, one_log = self._train(1)
-    for buckets in (2, 4):
-      params, log = self._train(buckets)
-      chex.assert_trees_all_close(params, one_params, atol=2e-5, rtol=2e-5)
-      np.testing.assert_allclose([r['loss'] for r in log['log']],
-                                 [r['loss'] for r in one_log['log']], rtol=1e-5)
+    params, log = self._train(buckets)
+    chex.assert_trees_all_close(params, one_params, atol=2e-5, rtol=2e-5)
+    np.testing.assert_allclose([r['loss'] for r in log['log']],
+                               [r['loss'] for r in one_log['log']], rtol=1e-5)
+
+  def test_buckets_train_as_one_bucket(self):
+    self._assert_trains_as_one_bucket(2)
+
+  @pytest.mark.slow
+  def test_four_buckets_train_as_one_bucket(self):  # one bucket per length
+    self._assert_trains_as_one_bucket(4)
 
   def test_bucket_ends_and_slots(self):
     c = tiny(**{'train.length_buckets': 2})  # lengths 1–4
