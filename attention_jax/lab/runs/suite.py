@@ -129,7 +129,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
                        ('train.checkpoint_keep', t.checkpoint_keep),
                        ('train.batch_size', t.batch_size), ('train.min_length', t.min_length),
                        ('eval.num_samples', e.num_samples), ('eval.batch_size', e.batch_size),
-                       ('model.num_layers', m.num_layers), ('train.log_every', t.log_every)):
+                       ('model.num_layers', m.num_layers), ('train.log_every', t.log_every),
+                       ('study.parallel_setups', study.get('parallel_setups', 1))):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
       raise ConfigError(f'invalid config: {field}={value!r} must be an integer >= 1.')
   for field in ('num_steps', 'checkpoint_every', 'log_every'):
@@ -170,10 +171,6 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if not study.learning_rates or any(not lr > 0 for lr in study.learning_rates):
     raise ConfigError(f'invalid config: study.learning_rates={tuple(study.learning_rates)!r} '
                       'must be positive, at least one.')
-  workers = study.get('parallel_setups', 1)
-  if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-    raise ConfigError(f'invalid config: study.parallel_setups={workers!r} must be an integer '
-                      '>= 1 (groups trained side by side).')
   if study.on_locked not in ('refuse', 'wait'):
     raise ConfigError(f"invalid config: study.on_locked={study.on_locked!r}; choose 'refuse' "
                       "or 'wait'.")
