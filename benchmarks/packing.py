@@ -46,6 +46,7 @@ from attention_jax.lab import tasks
 from attention_jax.lab.runs.study import run_study
 from attention_jax.lab.train import make_optimizer
 from attention_jax.lab.train.step import step_function
+from attention_jax.lab.config.resolved import resolve
 from benchmarks import timing
 from benchmarks.report import write_report
 from configs import copy as copy_config
@@ -100,7 +101,7 @@ def throughput_rows() -> list[dict]:
   for label, pack_segments, batch_size in THROUGHPUT:
     config = _config(pack_segments, batch_size)
     task = decoder.configured_task(config)
-    model = decoder.build_model(config, 0)
+    model = resolve(config).build_model(0)
     graphdef, state = nnx.split((model, nnx.Optimizer(model, make_optimizer(config.train),
                                                       wrt=nnx.Param)))
     jitted = step_function(

@@ -43,6 +43,7 @@ from attention_jax.lab.protocols import decoder
 from attention_jax.lab import tasks
 from attention_jax.lab.train import make_optimizer
 from attention_jax.lab.train.step import step_function
+from attention_jax.lab.config.resolved import resolve
 from benchmarks import timing
 from benchmarks.report import write_report
 from configs import copy as copy_config
@@ -60,7 +61,7 @@ def _states(config, seeds, tx):
   """graphdef and one (model, optimizer) state per seed."""
   graphdef, states = None, []
   for seed in seeds:
-    model = decoder.build_model(config, seed)
+    model = resolve(config).build_model(seed)
     graphdef, state = nnx.split((model, nnx.Optimizer(model, tx, wrt=nnx.Param)))
     states.append(state)
   return graphdef, states
@@ -143,7 +144,7 @@ def _pytorch_rows(config, seeds, steps):
   for seed in seeds:
     net = TorchLM(t.vocab_size + tasks.NUM_SPECIAL, m.d_model, m.num_heads, m.num_layers,
                   m.mlp_dim)
-    net.load(decoder.build_model(config, seed))
+    net.load(resolve(config).build_model(seed))
     nets.append(net)
     opts.append(torch.optim.AdamW(net.parameters(), lr=tr.learning_rate,
                                   betas=(tr.adam_b1, tr.adam_b2),

@@ -40,6 +40,7 @@ from attention_jax.lab.protocols import decoder
 from attention_jax.lab.evaluate.scoring import masked_metrics
 from attention_jax.lab.train.step import step_function
 from attention_jax.lab.train.step import train_step
+from attention_jax.lab.config.resolved import resolve
 from benchmarks import timing
 from benchmarks.report import write_report
 from benchmarks.torch_lm import TorchLM
@@ -56,7 +57,7 @@ def main(argv):
   config = copy_config.get_config()
   config.progress, config.train.tensorboard = False, False
   m, tr, steps = config.model, config.train, _STEPS.value
-  model = decoder.build_model(config, 0)
+  model = resolve(config).build_model(0)
   task = tasks.get_task(config.task.name)
   batch_kw = dict(batch_size=tr.batch_size, min_length=config.task.train_min_length,
                   max_length=config.task.train_max_length, vocab_size=config.task.vocab_size)

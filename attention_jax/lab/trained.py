@@ -30,6 +30,7 @@ from flax import nnx
 
 from attention_jax.lab.config import identity
 from attention_jax.lab.protocols import decoder
+from attention_jax.lab.config.resolved import resolve
 from attention_jax.lab import tasks
 from attention_jax.lab.runs import workdirs
 from attention_jax.lab.errors import ConfigError
@@ -156,6 +157,6 @@ def load(run_dir: str) -> Trained:
     raise ConfigError(f'{run_dir} holds no readable config.json; expected a trained run.')
   for module in config.get('imports', ()):
     __import__(module)
-  model = load_trained(config, run_dir)
-  return Trained(model=model, config=config, task=decoder.configured_task(config),
+  run = resolve(config)
+  return Trained(model=load_trained(run, run_dir), config=config, task=run.task,
                  run_dir=run_dir)

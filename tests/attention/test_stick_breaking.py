@@ -24,6 +24,7 @@ from attention_jax.lab.config.entries import run_label
 from attention_jax.lab.protocols import decoder
 from attention_jax.lab.errors import ConfigError
 from attention_jax.lab.config.validate import validate_config
+from attention_jax.lab.config.resolved import resolve
 from configs import copy as copy_config
 
 # ---------------------------------------------------------------------------
@@ -240,14 +241,14 @@ class StickBreakingTest(chex.TestCase, parameterized.TestCase):
     softmax_fields = identity.trained_fields(config)
     config.model.normalization = 'stick_breaking'
     validate_config(config)
-    model = decoder.build_model(config, 0)
+    model = resolve(config).build_model(0)
     self.assertEqual(model.blocks[0].attention.normalization, StickBreaking(False))
     sb_fields = identity.trained_fields(config)
     self.assertEqual(sb_fields['model.normalization'], 'stick_breaking')
     self.assertNotEqual(softmax_fields, sb_fields)
     config.model.stick_breaking_attend_current = True
     self.assertNotEqual(identity.trained_fields(config), sb_fields)
-    self.assertEqual(decoder.build_model(config, 0).blocks[0].attention.normalization,
+    self.assertEqual(resolve(config).build_model(0).blocks[0].attention.normalization,
                      StickBreaking(True))
     bad = [(dict(normalization='bogus'), r"^invalid config: model.normalization has 'bogus'"),
            (dict(stick_breaking_attend_current='yes'),

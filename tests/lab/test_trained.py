@@ -22,13 +22,14 @@ from attention_jax.lab.protocols import decoder
 from attention_jax.lab import tasks
 from attention_jax.lab import trained
 from attention_jax.lab.errors import ConfigError
+from attention_jax.lab.config.resolved import resolve
 from configs import addition as addition_config
 from configs import copy as copy_config
 
 
 def _run(config) -> trained.Trained:
   config = decoder.resolve_options(config)
-  return trained.Trained(model=decoder.build_model(config, 0), config=config,
+  return trained.Trained(model=resolve(config).build_model(0), config=config,
                          task=decoder.configured_task(config), run_dir='untrained')
 
 

@@ -36,6 +36,7 @@ from attention_jax.lab.protocols import decoder
 from attention_jax.lab.config.entries import flatten
 from attention_jax.lab.report import results
 from attention_jax.lab.errors import ConfigError
+from attention_jax.lab.config import resolved as run_record
 
 # Fields that do not change the trained model (a trailing '.' covers a group).
 NOT_TRAINING = (
@@ -90,7 +91,8 @@ def _shapes(config_json: str) -> tuple:
   """(path, shape) of every variable of the model `config_json` builds,
   without allocating it."""
   config = ml_collections.ConfigDict(json.loads(config_json))
-  state = nnx.to_pure_dict(nnx.state(nnx.eval_shape(lambda: decoder.build_model(config, 0))))
+  build = lambda: run_record.resolve(config).build_model(0)
+  state = nnx.to_pure_dict(nnx.state(nnx.eval_shape(build)))
   leaves = jax.tree_util.tree_flatten_with_path(state)[0]
   return tuple(('/'.join(str(getattr(k, 'key', getattr(k, 'idx', k))) for k in path),
                 list(leaf.shape)) for path, leaf in leaves)

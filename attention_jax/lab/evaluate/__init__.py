@@ -1,9 +1,9 @@
 """Evaluation: accuracy per length with bucketed compilation."""
 
-from attention_jax.lab.evaluate.lengths import bucket_floor
+from attention_jax.lab.config.eval_lengths import bucket_floor
 from attention_jax.lab.evaluate.lengths import buckets
-from attention_jax.lab.evaluate.lengths import default_eval_lengths
-from attention_jax.lab.evaluate.lengths import eval_lengths
+from attention_jax.lab.config.eval_lengths import default_eval_lengths
+from attention_jax.lab.config.eval_lengths import eval_lengths
 from attention_jax.lab.evaluate.lengths import evaluate_lengths
 from attention_jax.lab.evaluate.lengths import evaluate_models
 from attention_jax.lab.evaluate.alignment import seq2seq_alignment

@@ -9,11 +9,10 @@ the evaluation then compiles its own program, and the model is restored after.
 import contextlib
 from typing import Iterator, Optional
 
-import ml_collections
 from flax import nnx
 
 from attention_jax.lab.config import entries
-from attention_jax.lab.protocols import decoder
+from attention_jax.lab.config.resolved import ResolvedRun
 from attention_jax.lab import tasks
 from attention_jax.positional.rope import RoPE
 from attention_jax.positional.rope import RopeScaling
@@ -46,17 +45,18 @@ def rope_scaled(model: nnx.Module, scaling: Optional[RopeScaling]) -> Iterator[n
       m.scaling = s
 
 
-def evaluation_variants(config: ml_collections.ConfigDict) -> list[tuple[str, Optional[RopeScaling]]]:
+def evaluation_variants(run: ResolvedRun) -> list[tuple[str, Optional[RopeScaling]]]:
   """(label, RoPE scaling) per evaluation of a trained model: the model as
-  trained, then, for plain 'rope' models, each of `config.eval.rope_scalings`
-  (label 'rope+METHOD'), with factor `config.eval.rope_scale_factor` (0: longest
+  trained, then, for plain 'rope' models, each of `eval.rope_scalings`
+  (label 'rope+METHOD'), with factor `eval.rope_scale_factor` (0: longest
   evaluated / longest training sequence) and L the longest training sequence."""
+  config = run.config
   variants = [(entries.run_label(config), None)]
   # Not a variant built on RoPE (rnope_swa): its rows would take plain rope's labels.
   if (config.model.kind == 'transformer' and config.model.encoding == 'rope'
       and not config.model.get('variant')):
-    train_tokens = tasks.tokens_read(decoder.task_of(config), config.task.train_max_length)
-    factor = config.eval.rope_scale_factor or decoder.longest_sequence(config) / train_tokens
+    train_tokens = tasks.tokens_read(run.task, config.task.train_max_length)
+    factor = config.eval.rope_scale_factor or run.longest_sequence / train_tokens
     for method in config.eval.rope_scalings:
       variants.append((f'rope+{method}', RopeScaling(method, factor, train_tokens)))
   return variants

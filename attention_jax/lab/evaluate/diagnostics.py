@@ -16,8 +16,7 @@ from flax import nnx
 from attention_jax.lab.protocols import decoder
 from attention_jax.lab import tasks
 from attention_jax.lab.evaluate import ambiguity
-from attention_jax.lab.evaluate.lengths import bucket_floor
-from attention_jax.lab.evaluate.lengths import eval_lengths
+from attention_jax.lab.config.resolved import resolve
 from attention_jax.lab.evaluate.lengths import evaluation_strings
 
 
@@ -57,15 +56,15 @@ def failure_rows(model: nnx.Module, config, lengths) -> list[dict]:
   """How a trained transformer fails on the study's evaluation strings, per
   length of `lengths`: `ambiguity.failure_summary` of its first errors
   (teacher-forced: the same first error as greedy generation), with the
-  strings' 3- and 4-gram ceilings for comparison. `config`: the run's."""
-  max_position = (decoder.randomized_max_position(config)
-                  if config.positions.randomized_eval == 'random' else 0)
+  strings' 3- and 4-gram ceilings for comparison. `config`: the run's
+  config or its record (`config.resolved`)."""
+  run = resolve(config)
+  config = run.config
   strings = evaluation_strings(
-      decoder.configured_task(config), lengths,
-      train_max=bucket_floor(config, eval_lengths(config)),
+      run.task, lengths, train_max=run.bucket_floor,
       num_samples=config.eval.num_samples, vocab_size=config.task.vocab_size,
       eval_seed=config.eval.seed, batch_size=config.eval.batch_size,
-      max_position=max_position, draw=config.positions.draw)
+      max_position=run.eval_max_position, draw=config.positions.draw)
   rows = []
   for n, s in strings.items():
     predictions = np.asarray(decoder.predict_batch(model, {k: jnp.asarray(v) for k, v in s.items()}))

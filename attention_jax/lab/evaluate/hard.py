@@ -19,7 +19,7 @@ training and without touching its results.csv.
 
 import functools
 import os
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 import jax
 import ml_collections
@@ -31,13 +31,15 @@ from attention_jax.lab.report import results
 from attention_jax.lab import tasks
 from attention_jax.lab.config.entries import run_label
 from attention_jax.lab.evaluate.lengths import PROGRAMS_KEPT
-from attention_jax.lab.evaluate.lengths import bucket_floor
 from attention_jax.lab.evaluate.lengths import buckets
-from attention_jax.lab.evaluate.lengths import eval_lengths
+from attention_jax.lab.config.resolved import ResolvedRun
+from attention_jax.lab.config.resolved import resolve
 from attention_jax.lab.evaluate.scoring import prediction_metrics
 from attention_jax.lab.runs.timing import Stopwatch
 from attention_jax.lab.train.interrupt import raise_if_stopped
 
+# A run's config, or its record (`config.resolved`).
+RunConfig = Union[ml_collections.ConfigDict, ResolvedRun]
 HARD_FILE = 'hard.csv'
 HARD_FIELDS = ('task', 'encoding', 'seed', 'length', 'case', 'count', 'exact_match')
 # The key of the draws beside the inputs (index hints' start, randomized positions).
@@ -114,33 +116,30 @@ def evaluate_hard(trained: Sequence[nnx.Module], task, lengths: Sequence[int], *
   return rows
 
 
-def _max_position(config) -> int:
-  return (decoder.randomized_max_position(config)
-          if config.positions.randomized_eval == 'random' else 0)
-
-
-def config_rows(trained: Sequence[nnx.Module], configs: Sequence[ml_collections.ConfigDict],
+def config_rows(trained: Sequence[nnx.Module], runs: Sequence[RunConfig],
                 clock: Optional[Stopwatch] = None) -> list[list[dict]]:
-  """`evaluate_hard` of models trained with `configs` (the seeds of one
-  setup), each row with its task, encoding (the run's label) and seed."""
-  config = configs[0]
+  """`evaluate_hard` of models trained with `runs` (configs or their
+  records, `config.resolved`: the seeds of one setup), each row with its
+  task, encoding (the run's label) and seed."""
+  runs = [resolve(r) for r in runs]
+  run, config = runs[0], runs[0].config
   per_model = evaluate_hard(
-      trained, decoder.configured_task(config), eval_lengths(config),
-      train_max=bucket_floor(config, eval_lengths(config)), vocab_size=config.task.vocab_size,
-      max_position=_max_position(config), draw=config.positions.draw, clock=clock)
+      trained, run.task, run.eval_lengths, train_max=run.bucket_floor,
+      vocab_size=config.task.vocab_size, max_position=run.eval_max_position,
+      draw=config.positions.draw, clock=clock)
   return [[dict(task=c.task.name, encoding=run_label(c), seed=c.train.seed, **r) for r in rows]
-          for c, rows in zip(configs, per_model)]
+          for c, rows in zip([r.config for r in runs], per_model)]
 
 
-def expected_cases(config: ml_collections.ConfigDict) -> set:
-  """{(length, case, count)} the config's hard set holds (empty: no hard set)."""
-  task = decoder.configured_task(config)
-  if not task.hard_set:
+def expected_cases(config: RunConfig) -> set:
+  """{(length, case, count)} the run's hard set holds (empty: no hard set)."""
+  run = resolve(config)
+  if not run.task.hard_set:
     return set()
   out = set()
-  for n in eval_lengths(config):
+  for n in run.eval_lengths:
     found: dict = {}
-    for case, _ in task.hard_cases(n, config.task.vocab_size):
+    for case, _ in run.task.hard_cases(n, run.config.task.vocab_size):
       found[case] = found.get(case, 0) + 1
     out |= {(n, case, count) for case, count in found.items()}
   return out
@@ -160,7 +159,7 @@ def read_hard(path: str) -> list[dict]:
                                                      exact_match=float), 'a hard-case table')
 
 
-def is_current(run_dir: str, config: ml_collections.ConfigDict) -> bool:
+def is_current(run_dir: str, config: RunConfig) -> bool:
   """Whether `run_dir` has a hard.csv holding exactly `config`'s hard set
   (trivially true for a task without one)."""
   expected = expected_cases(config)
@@ -173,8 +172,8 @@ def is_current(run_dir: str, config: ml_collections.ConfigDict) -> bool:
   return {(r['length'], r['case'], r['count']) for r in rows} == expected
 
 
-def ensure(run_dir: str, config: ml_collections.ConfigDict,
-           load: Callable[[ml_collections.ConfigDict, str], nnx.Module],
+def ensure(run_dir: str, config: RunConfig,
+           load: Callable[[RunConfig, str], nnx.Module],
            log: Optional[Callable[[str], None]] = None) -> bool:
   """Writes a finished run's hard.csv from its final checkpoint (`load(config,
   run_dir)`) unless it is current; returns whether it evaluated."""

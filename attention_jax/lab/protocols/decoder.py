@@ -283,32 +283,6 @@ def layer_refusal(config: ml_collections.ConfigDict):
   return None
 
 
-def build_model(config: ml_collections.ConfigDict, seed: int) -> nnx.Module:
-  """The model `config.model.kind` names, parameters drawn from `seed`."""
-  m = config.model
-  task = task_of(config)
-  vocab_size = task.num_symbols(config.task.vocab_size) + tasks.NUM_SPECIAL
-  if m.kind in ('seq2seq', 'seq2seq_attention'):
-    return Seq2Seq(
-        vocab_size=vocab_size, embed_dim=m.d_model, hidden_dim=m.rnn_hidden_dim,
-        attention=m.kind == 'seq2seq_attention', start_token=tasks.BOS,
-        bidirectional=m.bidirectional, score=m.attention_score,
-        rngs=nnx.Rngs(params=seed), **precision(config))
-  return TransformerLM(
-      vocab_size=vocab_size, d_model=m.d_model, num_heads=m.num_heads,
-      num_layers=m.num_layers, mlp_dim=m.mlp_dim, encoding=encoding_name(config),
-      max_positions=model_max_positions(config),
-      num_kv_heads=m.num_kv_heads or None, sliding_window=m.sliding_window or None,
-      implementation=m.attention_implementation,
-      scalable_softmax=m.scalable_softmax or None, normalization=normalization(config),
-      encoding_options=encoding_options(config), rngs=nnx.Rngs(params=seed),
-      **precision(config),
-      encoding_layers=encoding_layers(config),
-      # Abacus ids: validated against the table before compiling (task_checks).
-      abacus=dict(digit_tokens=task.digit_tokens, rows=abacus_embeddings(config),
-                  max_k=abacus_max_k(config), check_ids=False) if uses_abacus(config) else None)
-
-
 def batch_layout(model: nnx.Module) -> str:
   """The `tasks.LAYOUTS` key of the batches `model` reads."""
   if isinstance(model, Seq2Seq):

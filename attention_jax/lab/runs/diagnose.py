@@ -29,7 +29,7 @@ import numpy as np
 
 from attention_jax.lab import evaluate
 from attention_jax.lab.config import identity
-from attention_jax.lab.protocols import decoder
+from attention_jax.lab.config.resolved import resolve
 from attention_jax.lab.report import results
 from attention_jax.lab import tasks
 from attention_jax.lab.runs import workdirs
@@ -166,12 +166,9 @@ def _failures(config, workdir, runs, run_dirs, log) -> list[dict]:
 
 def _draw(c, model, workdir, task, train_max, long, num_examples, log) -> np.ndarray:
   """One encoding's attention maps; returns its entropy curve at `long`."""
-  label = run_label(c)
-  max_position = (decoder.randomized_max_position(c)
-                  if c.positions.randomized_eval == 'random' else 0)
-  run_task = decoder.configured_task(c)  # coupled position ids, if the run uses them
-  batches = {n: evaluate.copy_examples(run_task, n, num_examples, vocab_size=c.task.vocab_size,
-                                       seed=c.eval.seed, max_position=max_position,
+  label, run = run_label(c), resolve(c)
+  batches = {n: evaluate.copy_examples(run.task, n, num_examples, vocab_size=c.task.vocab_size,
+                                       seed=c.eval.seed, max_position=run.eval_max_position,
                                        draw=c.positions.draw)
              for n in (train_max, long)}
   panels, tokens = [], []

@@ -22,6 +22,8 @@ from attention_jax.lab.config import identity
 from attention_jax.lab.protocols import decoder
 from attention_jax.lab.errors import ConfigError
 from attention_jax.lab.config.validate import validate_config
+from attention_jax.lab.config.resolved import ResolvedRun
+from attention_jax.lab.config.resolved import resolve
 
 def config_hash(config: ml_collections.ConfigDict, extensions: tuple = ()) -> str:
   """12 hex digits identifying what a run computes: its trained-model and
@@ -58,14 +60,19 @@ def run_directories(workdir: str, filename: str = '') -> list[str]:
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-  """One run of a study: the resolved config it trains and evaluates
-  (never changed after planning), its number in the sweep (from 1), and
-  its directory: `WORKDIR/place`, or a sibling `place-N` when that holds
-  this config's model (`identity.resolve`)."""
+  """One run of a study: the record of what it trains and evaluates
+  (`config.resolved`, resolved once when planning, never changed), its
+  number in the sweep (from 1), and its directory: `WORKDIR/place`, or a
+  sibling `place-N` when that holds this config's model (`identity.resolve`)."""
   number: int
-  config: ml_collections.ConfigDict
+  resolved: ResolvedRun
   place: str
   directory: str
+
+  @property
+  def config(self) -> ml_collections.ConfigDict:
+    """The run's completed config (encoding options filled in)."""
+    return self.resolved.config
 
   @property
   def task(self) -> str:
@@ -143,7 +150,7 @@ def plan_study(config: ml_collections.ConfigDict, workdir: str) -> list[Run]:
     validate_config(c)
   places = [place(c) for c in configs]
   dirs = identity.resolve_all([(os.path.join(workdir, p), c) for p, c in zip(places, configs)])
-  return [Run(i, c, p, d) for i, (c, p, d) in enumerate(zip(configs, places, dirs), 1)]
+  return [Run(i, resolve(c), p, d) for i, (c, p, d) in enumerate(zip(configs, places, dirs), 1)]
 
 
 def setups(runs: list[Run]) -> list[list[Run]]:

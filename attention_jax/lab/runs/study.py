@@ -26,14 +26,12 @@ from attention_jax.lab.runs import locks
 from attention_jax.lab.runs import one_study
 from attention_jax.lab.report import outputs
 from attention_jax.lab.evaluate import bucket_floor
-from attention_jax.lab.evaluate import eval_lengths
 from attention_jax.lab.evaluate import evaluate_models
 from attention_jax.lab.evaluate import hard
 from attention_jax.lab.report import hard_report
 from attention_jax.lab.evaluate.grid import evaluate_grid
 from attention_jax.lab.evaluate import rope_scaled
 from attention_jax.lab.evaluate.context_extension import evaluation_variants
-from attention_jax.lab.protocols import decoder
 from attention_jax.lab.runs import plan
 from attention_jax.lab.config.entries import run_label
 from attention_jax.lab.runs.run_files import write_run
@@ -55,6 +53,7 @@ from attention_jax.lab.train.loop import load_trained
 from attention_jax.lab.train.loop import out_of_time
 from attention_jax.lab.train.loop import time_budget
 from attention_jax.lab.config.validate import validate_config
+from attention_jax.lab.config.resolved import resolve
 
 
 OnTrained = Callable[[nnx.Module, ml_collections.ConfigDict, str], None]
@@ -101,7 +100,8 @@ def run_one(config: ml_collections.ConfigDict, workdir: str,
   directory, atomically. Returns the rows.
   """
   validate_config(config)
-  config = decoder.resolve_options(config)
+  run = resolve(config)  # resolved once: every stage below reads the record
+  config = run.config
   with stop_requests():
     run_dir = identity.resolve(workdir, config)
     if run_dir != workdir and log:
@@ -109,24 +109,26 @@ def run_one(config: ml_collections.ConfigDict, workdir: str,
     deadline = time_budget(config)
     with locks.hold(run_dir, wait=locks.waits(config), log=log or print,
                     should_stop=raise_if_stopped):
-      return _train_and_evaluate([config], [run_dir], tx, on_trained, log, vmapped=False,
+      return _train_and_evaluate([run], [run_dir], tx, on_trained, log, vmapped=False,
                                  reuse=not reevaluate, deadline=deadline)[0]
 
 
-def _train_and_evaluate(configs, run_dirs, tx, on_trained, log, *, vmapped,
+def _train_and_evaluate(runs, run_dirs, tx, on_trained, log, *, vmapped,
                         reuse=False, deadline=None) -> list[list[dict]]:
-  """Trains the runs (the seeds of one setup in one program when `vmapped`),
-  then evaluates and writes each; returns each run's rows. `reuse` (one
-  run): a run that trained no step now keeps its current evaluation."""
+  """Trains the runs (`ResolvedRun`s; the seeds of one setup in one
+  program when `vmapped`), then evaluates and writes each; returns each
+  run's rows. `reuse` (one run): a run that trained no step now keeps its
+  current evaluation."""
+  configs = [r.config for r in runs]
   tx = tx or shared_optimizer(configs[0].train)
   train_clock = Stopwatch()
   with train_clock.stage('train'):
     if vmapped:
-      trained = train_seeds(configs, run_dirs, progress=configs[0].progress, tx=tx,
+      trained = train_seeds(runs, run_dirs, progress=configs[0].progress, tx=tx,
                             deadline=deadline)
     else:
-      trained = [train(c, d, progress=c.progress, tx=tx, deadline=deadline)
-                 for c, d in zip(configs, run_dirs)]
+      trained = [train(r, d, progress=r.config.progress, tx=tx, deadline=deadline)
+                 for r, d in zip(runs, run_dirs)]
   # Per run: its share of a program that trained them all at once.
   train_times = train_clock.breakdown(share=len(configs))
   for config, run_dir, (model, _) in zip(configs, run_dirs, trained):
@@ -149,7 +151,7 @@ def _train_and_evaluate(configs, run_dirs, tx, on_trained, log, *, vmapped,
         log(f'{finished}; evaluation from {os.path.join(run_dirs[0], "results.csv")} '
             '(--reevaluate to evaluate it again)')
       if run_dirs[0]:  # evaluated by older code: its hard set from the model at hand
-        hard.ensure(run_dirs[0], configs[0], lambda *_: trained[0][0], log)
+        hard.ensure(run_dirs[0], runs[0], lambda *_: trained[0][0], log)
       return [done]
     if log:
       log(f'{finished}; not evaluated with these evaluation settings (or at this step count) '
@@ -161,17 +163,14 @@ def _train_and_evaluate(configs, run_dirs, tx, on_trained, log, *, vmapped,
   for group in groups:
     names = ', '.join(run_dirs[i] for i in group)
     if log:
-      log(f'evaluating {names} at {len(eval_lengths(configs[group[0]]))} lengths')
+      log(f'evaluating {names} at {len(runs[group[0]].eval_lengths)} lengths')
     clock = Stopwatch()
     with stage(f'during the evaluation of {names} (training finished, final checkpoints '
                'saved)'):
-      group_rows, timings = _evaluate([trained[i][0] for i in group],
-                                      [configs[i] for i in group], clock,
-                                      [run_dirs[i] for i in group])
-      grids = _evaluate_grid([trained[i][0] for i in group], [configs[i] for i in group],
-                             clock)
-      hards = hard.config_rows([trained[i][0] for i in group], [configs[i] for i in group],
-                               clock)
+      models, members = [trained[i][0] for i in group], [runs[i] for i in group]
+      group_rows, timings = _evaluate(models, members, clock, [run_dirs[i] for i in group])
+      grids = _evaluate_grid(models, members, clock)
+      hards = hard.config_rows(models, members, clock)
     times = dict(train_times, **clock.breakdown(share=len(group)))
     for i, rows, grid, hard_rows in zip(group, group_rows, grids, hards):
       step = divergence.diverged_at(run_dirs[i]) if run_dirs[i] else trained[i][1].get(
@@ -188,51 +187,47 @@ def _train_and_evaluate(configs, run_dirs, tx, on_trained, log, *, vmapped,
   return out
 
 
-def _evaluate_grid(trained: list, configs: list, clock: Stopwatch) -> list:
+def _evaluate_grid(trained: list, runs: list, clock: Stopwatch) -> list:
   """Each model's `evaluate.grid` rows (None per model without `eval.grid`)."""
-  config = configs[0]
+  config = runs[0].config
   if not config.eval.get('grid'):
     return [None] * len(trained)
-  max_position = (decoder.randomized_max_position(config)
-                  if config.positions.randomized_eval == 'random' else 0)
   per_model = evaluate_grid(
-      trained, decoder.configured_task(config), config.eval.grid,
+      trained, runs[0].task, config.eval.grid,
       train_max=bucket_floor(config, config.eval.grid), num_samples=config.eval.grid_samples,
       vocab_size=config.task.vocab_size, eval_seed=config.eval.seed,
-      batch_size=config.eval.batch_size, max_position=max_position,
+      batch_size=config.eval.batch_size, max_position=runs[0].eval_max_position,
       draw=config.positions.draw, clock=clock)
   return [[dict(task=c.task.name, encoding=run_label(c), seed=c.train.seed, **r) for r in rows]
-          for c, rows in zip(configs, per_model)]
+          for c, rows in zip([r.config for r in runs], per_model)]
 
 
-def _evaluate(trained: list, configs: list, clock: Stopwatch,
+def _evaluate(trained: list, runs: list, clock: Stopwatch,
               run_dirs: list) -> tuple[list[list[dict]], dict]:
-  """Result rows of each trained model (the seeds of one setup: `configs`
+  """Result rows of each trained model (the seeds of one setup: `runs`
   equal but for the seed; each in its `run_dirs` entry) for every evaluation
   variant and length, and the seconds each variant took (generation scoring
   is part of the first); `clock` gets the evaluation and generation stages."""
-  config = configs[0]
+  run, configs = runs[0], [r.config for r in runs]
+  config = run.config
   is_transformer = config.model.kind == 'transformer'
-  max_position = (decoder.randomized_max_position(config)
-                  if config.positions.randomized_eval == 'random' else 0)
   rows, timings = [[] for _ in trained], {}
   digests = [plan.config_hash(c, identity.extensions(d)) for c, d in zip(configs, run_dirs)]
-  scored, lengths = decoder.evaluation_tasks(config), eval_lengths(config)
-  floor = bucket_floor(config, lengths)
-  for label, scaling in evaluation_variants(config):
+  for label, scaling in evaluation_variants(run):
     start = time.perf_counter()
     # Generation checks the model's cached decoding path, which RoPE
     # scaling does not change: once per model is enough.
     generate = config.eval.generate and is_transformer and scaling is None
     # The task trained on, then `eval.tasks` (each row under its task's name).
-    for task in scored:
+    for task in run.evaluation_tasks:
       with contextlib.ExitStack() as scaled:
         for model in trained:
           scaled.enter_context(rope_scaled(model, scaling))
         per_model = evaluate_models(
-            trained, task, lengths, train_max=floor, num_samples=config.eval.num_samples,
+            trained, task, run.eval_lengths, train_max=run.bucket_floor,
+            num_samples=config.eval.num_samples,
             vocab_size=config.task.vocab_size, eval_seed=config.eval.seed,
-            batch_size=config.eval.batch_size, max_position=max_position,
+            batch_size=config.eval.batch_size, max_position=run.eval_max_position,
             draw=config.positions.draw, generate=generate, clock=clock)
       for model_rows, c, digest, per_length in zip(rows, configs, digests, per_model):
         model_rows += [dict(task=task.name, encoding=label, seed=c.train.seed,
@@ -335,7 +330,7 @@ def _to_train(group: list, mine: set, report_only: bool, total: int, log,
           '' if step is None else f'; it DIVERGED at step {step} and stays marked so (not '
           'retrained: the same config diverges the same way; train it with other settings '
           'in a new --workdir)'))
-      if not hard.is_current(run.directory, run.config):
+      if not hard.is_current(run.directory, run.resolved):
         stale.append(run)
       continue
     todo.append(run)
@@ -356,7 +351,7 @@ def _add_hard(run, config, log, total) -> None:
                     log=lambda m: log(f'{prefix} {m}'), should_stop=raise_if_stopped):
       with stage(f'during the hard evaluation of {run.directory} (its training and uniform '
                  'evaluation are finished and kept)'):
-        hard.ensure(run.directory, run.config, load_trained, lambda m: log(f'{prefix} {m}'))
+        hard.ensure(run.directory, run.resolved, load_trained, lambda m: log(f'{prefix} {m}'))
   except locks.RunLocked as e:
     log(f'{prefix} {run}: held by {e.holder}; its hard set is left to it')
 
@@ -384,7 +379,7 @@ def _run_setup(todo: list, *, config, total, tx, on_trained, log, deadline, fres
         log(f'{prefix} training seeds {[r.seed for r in todo]} of {first.task} {first.label} '
             'in one program')
       group_rows = _train_and_evaluate(
-          [r.config for r in todo], [r.directory for r in todo], tx, on_trained,
+          [r.resolved for r in todo], [r.directory for r in todo], tx, on_trained,
           lambda m: log(f'{prefix} {m}'), vmapped=vmapped, deadline=deadline
       ) if todo else []
   except locks.RunLocked as e:

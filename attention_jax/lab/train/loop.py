@@ -13,7 +13,7 @@ import math
 import os
 import sys
 import time
-from typing import Optional
+from typing import Optional, Union
 
 import jax
 import jax.numpy as jnp
@@ -41,6 +41,9 @@ from attention_jax.lab.train.metrics import MetricsWriter
 from attention_jax.lab.train.optimizer import learning_rate_schedule
 from attention_jax.lab.train.optimizer import make_optimizer
 from attention_jax.lab.train.step import step_function
+from attention_jax.lab.config.resolved import ResolvedRun
+from attention_jax.lab.config.resolved import resolve
+
 
 def data_mesh() -> jax.sharding.Mesh:
   """A 1-D mesh 'data' over every device (all hosts' with jax.distributed):
@@ -119,11 +122,13 @@ def claimed(configs: list[ml_collections.ConfigDict], workdirs: list[Optional[st
     yield
 
 
-def train(config: ml_collections.ConfigDict, workdir: Optional[str] = None,
+def train(config: Union[ml_collections.ConfigDict, ResolvedRun], workdir: Optional[str] = None,
           *, progress: bool = True, tx: Optional[optax.GradientTransformation] = None,
           deadline: Optional[float] = None) -> tuple[nnx.Module, dict[str, float]]:
   """Trains one model, resuming from `workdir`'s latest checkpoint if any;
-  returns the model and the last logged step's metrics.
+  returns the model and the last logged step's metrics. `config` is the
+  run's config or its record (`config.resolved`); a config is resolved here,
+  and the record's completed config is what `config.json` holds.
 
   With a `workdir`: the config in `config.json` (a workdir trained with
   another config is refused, see `lab.config.identity`), one JSON line per step in
@@ -153,14 +158,15 @@ def train(config: ml_collections.ConfigDict, workdir: Optional[str] = None,
   a sweep passes one `tx` to all its runs to compile once per architecture
   instead of once per run.
   """
+  run = resolve(config)
   with stop_requests():
     raise_if_stopped(f'before training {workdir or "a model"}')
-    deadline = time_budget(config) if deadline is None else deadline
-    with claimed([config], [workdir]):  # before anything is built: a mismatch is one message
-      return _train([config], [workdir], progress=progress, tx=tx, deadline=deadline)[0]
+    deadline = time_budget(run.config) if deadline is None else deadline
+    with claimed([run.config], [workdir]):  # before anything is built: a mismatch is one message
+      return _train([run], [workdir], progress=progress, tx=tx, deadline=deadline)[0]
 
 
-def train_seeds(configs: list[ml_collections.ConfigDict], workdirs: list[Optional[str]],
+def train_seeds(configs: list[Union[ml_collections.ConfigDict, ResolvedRun]], workdirs: list[Optional[str]],
                 *, progress: bool = True, tx: Optional[optax.GradientTransformation] = None,
                 deadline: Optional[float] = None,
                 ) -> list[tuple[nnx.Module, dict[str, float]]]:
@@ -182,15 +188,16 @@ def train_seeds(configs: list[ml_collections.ConfigDict], workdirs: list[Optiona
   devices, as `train` does. Locks and the time budget (`deadline`) as in
   `train`, for every seed's directory.
   """
+  runs = [resolve(c) for c in configs]
   with stop_requests():
     raise_if_stopped(f'before training {workdirs[0] or "a model"}')
-    deadline = time_budget(configs[0]) if deadline is None else deadline
-    with claimed(configs, workdirs):
+    deadline = time_budget(runs[0].config) if deadline is None else deadline
+    with claimed([r.config for r in runs], workdirs):
       starts = {_latest_step(w) for w in workdirs}
-      if len(configs) == 1 or len(starts) > 1:
-        return [train(c, w, progress=progress, tx=tx, deadline=deadline)
-                for c, w in zip(configs, workdirs)]
-      return _train(configs, workdirs, progress=progress, tx=tx, vmapped=True,
+      if len(runs) == 1 or len(starts) > 1:
+        return [train(r, w, progress=progress, tx=tx, deadline=deadline)
+                for r, w in zip(runs, workdirs)]
+      return _train(runs, workdirs, progress=progress, tx=tx, vmapped=True,
                     deadline=deadline)
 
 
@@ -210,13 +217,13 @@ def run_name(configs: list[ml_collections.ConfigDict]) -> str:
   return f"{c.task.name}/{label} seed{'s ' if len(configs) > 1 else ''}{seeds}"
 
 
-def _train(configs, workdirs, *, progress, tx, vmapped=False, deadline=None):
-  """The loop over one run (`vmapped=False`, one config) or a stacked group
-  of seeds; see `train` and `train_seeds`."""
+def _train(runs, workdirs, *, progress, tx, vmapped=False, deadline=None):
+  """The loop over one run (`vmapped=False`, one `ResolvedRun`) or a
+  stacked group of seeds; see `train` and `train_seeds`."""
+  configs = [r.config for r in runs]
   config, t_cfg = configs[0], configs[0].train
-  task = decoder.training_task(config)
   tx = tx or make_optimizer(t_cfg)
-  built = [decoder.build_model(c, c.train.seed) for c in configs]
+  built = [r.build_model(c.train.seed) for r, c in zip(runs, configs)]
   splits = [nnx.split((m, nnx.Optimizer(m, tx, wrt=nnx.Param))) for m in built]
   graphdef, layout = splits[0][0], decoder.batch_layout(built[0])
   num_seeds, devices = len(configs), jax.device_count()
@@ -225,11 +232,11 @@ def _train(configs, workdirs, *, progress, tx, vmapped=False, deadline=None):
                and num_seeds % devices == 0)
   data_sharding = None if seed_axis else NamedSharding(mesh, P(meshes.batch_axis(mesh)))
   jitted = step_function(
-      graphdef=graphdef, task=task,
+      graphdef=graphdef, task=runs[0].training_task,
       batch_size=t_cfg.batch_size, min_length=config.task.train_min_length,
       max_length=config.task.train_max_length, vocab_size=config.task.vocab_size,
       layout=layout, data_sharding=data_sharding,
-      max_position=decoder.randomized_max_position(config), draw=config.positions.draw,
+      max_position=runs[0].randomized_max_position, draw=config.positions.draw,
       steps_per_call=t_cfg.steps_per_call, vmap_seeds=vmapped)
   k = t_cfg.steps_per_call  # steps per call; validated to divide every interval
   schedule = learning_rate_schedule(t_cfg)
@@ -368,12 +375,14 @@ def _train(configs, workdirs, *, progress, tx, vmapped=False, deadline=None):
   return [(nnx.merge(graphdef, per_seed(state, i))[0], last[i]) for i in range(num_seeds)]
 
 
-def load_trained(config: ml_collections.ConfigDict, workdir: str,
+def load_trained(config: Union[ml_collections.ConfigDict, ResolvedRun], workdir: str,
                  tx: Optional[optax.GradientTransformation] = None) -> nnx.Module:
   """The model of the finished run in `workdir`, restored from its final
   checkpoint without training and without writing anything. A missing run,
   an unfinished one or one trained with another config (`lab.config.identity`) is
-  a `ConfigError` saying which."""
+  a `ConfigError` saying which. `config`: the run's config or its record."""
+  run = resolve(config)
+  config = run.config
   problem = identity.mismatch(workdir, config)
   if problem:
     raise identity.RunMismatch(problem, 'pass the config that run was trained with.')
@@ -381,7 +390,7 @@ def load_trained(config: ml_collections.ConfigDict, workdir: str,
   if not os.path.isdir(directory):
     raise identity.ConfigError(f'{workdir} holds no trained run (no checkpoints/); '
                                'train it first.')
-  model = decoder.build_model(config, config.train.seed)
+  model = run.build_model(config.train.seed)
   optimizer = nnx.Optimizer(model, tx or make_optimizer(config.train), wrt=nnx.Param)
   graphdef, state = nnx.split((model, optimizer))
   checkpointer = Checkpointer(directory, every=config.train.num_steps,

@@ -27,6 +27,7 @@ from attention_jax.lab.tasks.batches import make_seq2seq_batch
 from attention_jax.lab.config.validate import validate_config
 from attention_jax.lab.runs import suite as chomsky_suite
 from attention_jax.lab.protocols.encoder_layout import encoder_batch
+from attention_jax.lab.config.resolved import resolve
 from configs import addition as addition_config
 from configs import chomsky as chomsky_config
 from configs import copy as copy_config
@@ -85,7 +86,7 @@ class AbacusRangeTest(absltest.TestCase):
   def setUpClass(cls):
     super().setUpClass()
     c = decoder.resolve_options(addition_config.get_config('scale=tiny,encoding=fire:abacus'))
-    cls.abacus_run = trained.Trained(model=decoder.build_model(c, 0), config=c,
+    cls.abacus_run = trained.Trained(model=resolve(c).build_model(0), config=c,
                               task=decoder.configured_task(c), run_dir='untrained')
     cls.rows = cls.abacus_run.model.abacus.rows
 

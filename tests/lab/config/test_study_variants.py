@@ -15,6 +15,7 @@ from attention_jax.lab.config.entries import run_label
 from attention_jax.lab.runs.study import run_study
 from attention_jax.lab.errors import ConfigError
 from attention_jax.lab.config.validate import validate_config
+from attention_jax.lab.config.resolved import resolve
 from configs import copy as copy_config
 
 
@@ -41,7 +42,7 @@ class StudyVariantsTest(chex.TestCase):
     self.assertEqual(tuple(variant.model.encoding_options.hard_alibi.offsets), (1, 2))
     self.assertEqual(place(variant), os.path.join('copy', 'wide', 'seed0'))
     # The variant's model is what its runs build.
-    model = decoder.build_model(variant, 0)
+    model = resolve(variant).build_model(0)
     self.assertEqual(model.blocks[0].attention.positional.offsets, (1, 2))
 
   def test_a_variant_with_an_unknown_field_is_refused_naming_it(self):

@@ -21,6 +21,7 @@ from attention_jax.lab.report import hard_report
 from attention_jax.lab.evaluate.scoring import prediction_metrics
 from attention_jax.lab.tasks import addition
 from attention_jax.lab.tasks import hard_cases
+from attention_jax.lab.config.resolved import resolve
 
 
 def _digits(v):
@@ -274,7 +275,7 @@ class EnsureTest(absltest.TestCase):
     config = plan.run_configs(_tiny_addition())[0]
     run_dir = tempfile.mkdtemp()
     loads = []
-    load = lambda c, d: loads.append(d) or decoder.build_model(c, 0)
+    load = lambda c, d: loads.append(d) or resolve(c).build_model(0)
     self.assertFalse(hard.is_current(run_dir, config))
     self.assertTrue(hard.ensure(run_dir, config, load))
     rows = hard.read_hard(hard.run_hard_path(run_dir))

@@ -23,6 +23,7 @@ from attention_jax.lab.runs.plan import run_configs
 from attention_jax.lab.runs.study import run_study
 from attention_jax.lab.train.checkpoint import Checkpointer
 from attention_jax.lab.train.interrupt import TrainingInterrupted
+from attention_jax.lab.config.resolved import resolve
 from configs import copy as copy_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -94,7 +95,7 @@ class ResumeTest(absltest.TestCase):
     os.makedirs(junk)
     with open(os.path.join(junk, 'partial'), 'w') as f:
       f.write('not a checkpoint')
-    model = decoder.build_model(_config(), 0)
+    model = resolve(_config()).build_model(0)
     optimizer = nnx.Optimizer(model, train.make_optimizer(_config().train), wrt=nnx.Param)
     _, state = nnx.split((model, optimizer))
     checkpointer = Checkpointer(os.path.join(workdir, 'checkpoints'), every=4, keep=2)
@@ -171,7 +172,7 @@ class ProcessTest(absltest.TestCase):
         for devices in (jax.devices()[:1], jax.devices()):
           mesh = jax.make_mesh((len(devices),), ('data',), devices=devices,
                                axis_types=(jax.sharding.AxisType.Auto,))
-          model = decoder.build_model(c, 0)
+          model = resolve(c).build_model(0)
           opt = nnx.Optimizer(model, train.make_optimizer(c.train), wrt=nnx.Param)
           graphdef, state = nnx.split((model, opt))
           state = jax.device_put(state, NamedSharding(mesh, P()))

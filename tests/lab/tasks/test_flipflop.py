@@ -20,6 +20,7 @@ from attention_jax.lab.config import validate
 from attention_jax.lab.errors import ConfigError
 from attention_jax.lab.runs.study import run_study
 from attention_jax.lab.tasks import flipflop
+from attention_jax.lab.config.resolved import resolve
 from configs import flipflop as flipflop_config
 
 N = 48  # instructions per drawn sequence
@@ -129,7 +130,7 @@ class FlipFlopTaskTest(chex.TestCase, parameterized.TestCase):
 
   def test_hybrid_entry_builds_its_layer_pattern(self):
     c = flipflop_config.get_config('encoding=rnope_swa')
-    self.assertEqual([tuple(s) for s in decoder.build_model(c, 0).layer_specs],
+    self.assertEqual([tuple(s) for s in resolve(c).build_model(0).layer_specs],
                      [('rope', 4), (None, None)])
     paper = flipflop_config.get_config('encoding=rnope_swa,scale=paper')
     self.assertEqual(paper.model.encoding_layers, 'rope/32,rope/32,rope/32,none')

@@ -16,6 +16,7 @@ import attention_jax as aj
 from attention_jax.lab.protocols import decoder
 from attention_jax.lab import tasks
 from attention_jax.nn.decoding import greedy_predictions
+from attention_jax.lab.config.resolved import resolve
 
 NEW = ('hard_alibi', 'learned_window')
 
@@ -382,7 +383,7 @@ class WindowedRoPETest(chex.TestCase, parameterized.TestCase):
     self.assertTrue(decoder.is_coupled(c))
     self.assertEqual(decoder.encoding_options(c), dict(windows=(), window=2, base=10000.0,
                                                       num_windowed_heads=-1, sink=True))
-    model = decoder.build_model(c, 0)
+    model = resolve(c).build_model(0)
     enc = model.blocks[0].attention.positional
     self.assertEqual((enc.windows, enc.sink), ((2,) * c.model.num_heads, True))
 

@@ -22,6 +22,7 @@ from attention_jax.lab.evaluate.scoring import masked_metrics
 from attention_jax.lab.evaluate.scoring import segment_exact_match
 from attention_jax.lab.tasks import packed_rows
 from attention_jax.lab.config.validate import validate_config
+from attention_jax.lab.config.resolved import resolve
 from configs import addition as addition_config
 from configs import copy as copy_config
 from tests import tiers
@@ -78,7 +79,7 @@ class PackedRowsTest(parameterized.TestCase):
   @tiers.fast_cases(2)  # copy with RoPE and with coupled ids; the others in the slow tier
   def test_packed_rows_equal_each_example_alone(self, task, encoding):
     c = _config(task, encoding)
-    model = decoder.build_model(c, 0)
+    model = resolve(c).build_model(0)
     packed = _batch(c)
     unpacked, found = _unpacked(packed)
     self.assertGreater(len(found), 4)  # more examples than rows: something was packed

@@ -18,6 +18,7 @@ from attention_jax.lab.protocols import decoder
 from attention_jax.lab import train
 from attention_jax.lab.errors import ConfigError
 from attention_jax.lab.config.validate import validate_config
+from attention_jax.lab.config.resolved import resolve
 from configs import copy as copy_config
 
 
@@ -44,11 +45,11 @@ class LabPrecisionTest(parameterized.TestCase):
       cls.trained[dtype] = train.train(c, progress=False) + (c,)
 
   def test_lab_precision_params_float32_by_default(self):
-    self.assertEqual(_param_dtypes(decoder.build_model(_tiny(), 0)), {jnp.dtype(jnp.float32)})
+    self.assertEqual(_param_dtypes(resolve(_tiny()).build_model(0)), {jnp.dtype(jnp.float32)})
     model = self.trained['bfloat16'][0]
     self.assertEqual(model.dtype, jnp.bfloat16)
     self.assertEqual(_param_dtypes(model), {jnp.dtype(jnp.float32)})  # master weights
-    stored = decoder.build_model(_tiny('bfloat16', 'bfloat16'), 0)
+    stored = resolve(_tiny('bfloat16', 'bfloat16')).build_model(0)
     self.assertEqual(_param_dtypes(stored), {jnp.dtype(jnp.bfloat16)})
 
   def test_lab_precision_bf16_training_close_to_f32(self):
@@ -66,7 +67,7 @@ class LabPrecisionTest(parameterized.TestCase):
   def test_lab_precision_seq2seq_builds_in_bf16(self):
     c = _tiny('bfloat16')
     c.model.kind = 'seq2seq'
-    model = decoder.build_model(c, 0)
+    model = resolve(c).build_model(0)
     self.assertEqual(_param_dtypes(model), {jnp.dtype(jnp.float32)})
 
   @parameterized.named_parameters(

@@ -53,6 +53,7 @@ from attention_jax.lab.train.step import step_function
 from attention_jax.nn.decoding import generate
 from attention_jax.positional import registry
 from attention_jax.positional.rope import RopeScaling
+from attention_jax.lab.config.resolved import resolve
 from configs import copy as copy_config
 from configs import flipflop as flipflop_config
 from configs import seq2seq as seq2seq_config
@@ -187,7 +188,7 @@ def _parts(entry='none', kind='transformer', bidirectional=False, score='additiv
     tx = make_optimizer(c.train)
 
     def build():
-      model = decoder.build_model(c, 0)
+      model = resolve(c).build_model(0)
       return model, nnx.Optimizer(model, tx, wrt=nnx.Param)
 
     model, optimizer = nnx.eval_shape(build)
@@ -368,7 +369,7 @@ class LoweringTest(chex.TestCase, parameterized.TestCase):
   @tiers.fast_cases(2)
   def test_rope_context_extension_evaluation_lowers_for_platform(self, platform, method):
     c = _parts('rope')[0]
-    model = nnx.eval_shape(lambda: decoder.build_model(c, 0))
+    model = nnx.eval_shape(lambda: resolve(c).build_model(0))
     train_tokens = tasks.tokens_read(tasks.get_task('copy'), c.task.train_max_length)
     scaling = RopeScaling(method, decoder.longest_sequence(c) / train_tokens, train_tokens)
     with rope_scaled(model, scaling):
@@ -409,7 +410,7 @@ class LoweringTest(chex.TestCase, parameterized.TestCase):
                       c.eval.max_length), (6, 512, 256, 1024))
     tx = make_optimizer(c.train)
     model, optimizer = nnx.eval_shape(lambda: (
-        lambda m: (m, nnx.Optimizer(m, tx, wrt=nnx.Param)))(decoder.build_model(c, 0)))
+        lambda m: (m, nnx.Optimizer(m, tx, wrt=nnx.Param)))(resolve(c).build_model(0)))
     graphdef, state = nnx.split(model)
     train_graphdef, train_state = nnx.split((model, optimizer))
     self._lowers(('paper_train', entry), _train_program(c, train_graphdef),

@@ -21,6 +21,7 @@ from absl.testing import parameterized
 from attention_jax.lab.errors import ConfigError
 from attention_jax.lab.train import mesh as train_mesh
 from attention_jax.lab.config.validate import validate_config
+from attention_jax.lab.config.resolved import resolve
 from configs import copy as copy_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -94,7 +95,7 @@ class TrainMeshCheckTest(parameterized.TestCase):
     from flax import nnx
     c = _tiny(mesh=name)
     c.model.update(d_model=30, num_heads=5, mlp_dim=60)  # 30, 5 heads: not multiples of 4
-    model = decoder.build_model(c, 0)
+    model = resolve(c).build_model(0)
     state = nnx.state(model)
     specs = train_mesh.state_specs(state, train_mesh.rules_of(c.train))
     mesh = jax.sharding.AbstractMesh(shape, axes)

@@ -28,6 +28,7 @@ from attention_jax.lab.runs.timing import side_by_side
 from attention_jax.lab.train.interrupt import TrainingInterrupted
 from attention_jax.lab.train.interrupt import combined
 from attention_jax.lab.config.validate import validate_config
+from attention_jax.lab.config.resolved import resolve
 from configs import copy as copy_config
 
 
@@ -58,7 +59,7 @@ class EvaluationTest(absltest.TestCase):
 
   def test_padding_to_a_bucket_does_not_change_results(self):
     c = _tiny()
-    model = decoder.build_model(c, seed=0)
+    model = resolve(c).build_model(0)
     task = tasks.get_task('copy')
     kwargs = dict(num_samples=8, vocab_size=c.task.vocab_size)
     tight = evaluate.evaluate_lengths(model, task, [3, 5], train_max=3, **kwargs)
@@ -69,7 +70,7 @@ class EvaluationTest(absltest.TestCase):
 
   def test_logits_at_real_tokens_ignore_padding(self):
     c = _tiny()
-    model = decoder.build_model(c, seed=0)
+    model = resolve(c).build_model(0)
     task = tasks.get_task('reverse')
     lengths = jnp.array([2, 3])
     inputs = tasks.make_batch(task, jax.random.key(0), lengths, vocab_size=4,
@@ -84,7 +85,7 @@ class EvaluationTest(absltest.TestCase):
     older one is freed with its compiled programs (their code mappings count
     against vm.max_map_count: keeping all of them crashed a 117-run study)."""
     from attention_jax.lab.evaluate import lengths  # pylint: disable=g-import-not-at-top
-    graphdef, _ = nnx.split(decoder.build_model(_tiny(), seed=0))
+    graphdef, _ = nnx.split(resolve(_tiny()).build_model(0))
     program = lambda bucket: lengths.evaluation_program(
         graphdef=graphdef, task=tasks.get_task('copy'), bucket=bucket, num_samples=4,
         vocab_size=4)
