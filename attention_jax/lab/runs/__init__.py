@@ -1,7 +1,10 @@
 """Runs in a workdir: planning, training, evaluating and writing, safely.
 
-`study` runs a decoder study (`one_study` one model), `suite` DeepMind's
-suite under the encoder protocol; `plan` names the runs of a config,
+`runner` runs every benchmark (its shards, locks, stop and time checks,
+jobs side by side, outputs written once); its benchmarks are `study`, the
+decoder study (and `run_one`, one model), and `suite`, DeepMind's suite
+under the encoder protocol. `plan` names the runs of a study config,
+`one_study` keeps a workdir to one study,
 `workdirs` and `workdir_checks` keep a workdir to one config, `locks` keeps
 a run to one process, `cluster` deals a sweep into SLURM-array shards,
 `run_files` reads a run's files, `timing` shares cores between setups,

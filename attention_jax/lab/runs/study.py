@@ -33,24 +33,20 @@ from attention_jax.lab.evaluate.grid import evaluate_grid
 from attention_jax.lab.evaluate import rope_scaled
 from attention_jax.lab.evaluate.context_extension import evaluation_variants
 from attention_jax.lab.runs import plan
+from attention_jax.lab.runs import runner
 from attention_jax.lab.config.entries import run_label
 from attention_jax.lab.runs.run_files import write_run
 from attention_jax.lab.runs.timing import Stopwatch
 from attention_jax.lab.runs.timing import describe
 from attention_jax.lab.runs.timing import locked
-from attention_jax.lab.runs.timing import side_by_side
 from attention_jax.lab.train import make_optimizer
 from attention_jax.lab.train import train
 from attention_jax.lab.train import train_seeds
 from attention_jax.lab.train import divergence
-from attention_jax.lab.train.interrupt import TIME_BUDGET
-from attention_jax.lab.train.interrupt import TrainingInterrupted
-from attention_jax.lab.train.interrupt import combined
 from attention_jax.lab.train.interrupt import raise_if_stopped
 from attention_jax.lab.train.interrupt import stage
 from attention_jax.lab.train.interrupt import stop_requests
 from attention_jax.lab.train.loop import load_trained
-from attention_jax.lab.train.loop import out_of_time
 from attention_jax.lab.train.loop import time_budget
 from attention_jax.lab.config.validate import validate_config
 from attention_jax.lab.config.resolved import resolve
@@ -272,56 +268,86 @@ def run_study(config: ml_collections.ConfigDict, workdir: str,
   outputs written. Returns the rows written to results.csv, or [] when
   this process wrote none.
   """
-  runs = plan.plan_study(config, workdir)
-  one_study.check(config, workdir, runs)  # another study's runs: refused, nothing written
-  index, count = cluster.shard_of(config)
-  report_only = config.study.get('report_only', False)
-  with stop_requests():
-    deadline = time_budget(config)
-    fresh, start = {}, time.perf_counter()  # run number -> rows evaluated here
-    if report_only:  # refused before anything is written
-      cluster.finished(runs, fresh, workdir, report_only)
-    os.makedirs(workdir, exist_ok=True)
-    tx = shared_optimizer(config.train)  # one object: runs share compilations
-    mine = cluster.assigned(config, runs, index, count)
-    if count > 1:
-      log(f'shard {index} of {count}: {len(mine)} of the {len(runs)} runs')
-    stale = []  # finished runs without a current hard.csv
-    jobs = [todo for group in plan.setups(runs)
-            if (todo := _to_train(group, mine, report_only, len(runs), log, stale))]
+  return runner.run(Study(config, workdir, log, on_trained))
+
+
+class Study:
+  """The decoder study as a benchmark of `runs.runner`: its jobs are the
+  unfinished runs of one setup (its seeds in one program with
+  `study.vmap_seeds`), its outputs `outputs.write_study_outputs`'."""
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str,
+               log: Callable[[str], None], on_trained: Optional[OnTrained] = None):
+    self.runs = plan.plan_study(config, workdir)
+    one_study.check(config, workdir, self.runs)  # another study's runs: refused, nothing written
+    self.config, self.workdir, self.log = config, workdir, log
+    self.tx = shared_optimizer(config.train)  # one object: runs share compilations
     lock = threading.Lock()  # on_trained may draw (matplotlib is not thread-safe)
-    callback = on_trained and (lambda *a: locked(lock, on_trained, *a))
-    side_by_side(functools.partial(_run_setup, config=config, total=len(runs), tx=tx,
-                                   on_trained=callback, log=log, deadline=deadline,
-                                   fresh=fresh, workdir=workdir, start=start),
-                 jobs, config.study.get('parallel_setups', 1), combine=combined)
-    for run in stale:
-      _add_hard(run, config, log, len(runs))
-    # One writer at a time: the last two shards may finish together.
-    with locks.hold(workdir, wait=True, should_stop=raise_if_stopped, name='.outputs.lock'):
-      rows, left = cluster.finished(runs, fresh, workdir, report_only)
-      if left:
-        log(f'outputs not written yet: {left}; the process that finishes the last one writes '
-            'them, or --config.study.report_only=True once they are finished.')
-        return []
-      extra, coverage = outputs.other_runs(workdir, config, runs)
-      rows += extra
-      covered = [r.directory for r in runs] + [os.path.join(workdir, d) for d in coverage[1]]
-      with stage('while writing the study outputs'):
-        rows = outputs.write_study_outputs(rows, workdir, config, coverage,
-                                           outputs.grid_rows([r.directory for r in runs]),
-                                           hard_table=outputs.hard_rows(covered))
-  return rows
+    self.on_trained = on_trained and (lambda *a: locked(lock, on_trained, *a))
+    self.fresh, self.stale = {}, []  # rows evaluated here by run number; runs lacking hard.csv
+    self.start = time.perf_counter()
+
+  def refuse_unfinished(self) -> None:
+    cluster.finished(self.runs, self.fresh, self.workdir, report_only=True)
+
+  def jobs(self, index: int, count: int) -> list[runner.Job]:
+    mine = cluster.assigned(self.config, self.runs, index, count)
+    total = len(self.runs)
+    if count > 1:
+      self.log(f'shard {index} of {count}: {len(mine)} of the {total} runs')
+    out = []
+    for group in plan.setups(self.runs):
+      todo = _to_train(group, mine, total, self.log, self.stale)
+      if todo:
+        out.append(runner.Job(directories=tuple(r.directory for r in todo),
+                              prefix=f'[{todo[0].number}/{total}]',
+                              what=f'{todo[0].task} {todo[0].label}', work=todo))
+    return out
+
+  def run_job(self, job: runner.Job, deadline: Optional[float]) -> None:
+    """Trains and evaluates the job's unfinished runs; their rows go to
+    `fresh` by run number."""
+    log = lambda m: self.log(f'{job.prefix} {m}')
+    # The process that held them before may have finished them.
+    todo = [r for r in job.work if r.rows() is None]
+    vmapped = self.config.study.vmap_seeds and len(todo) > 1
+    if vmapped:
+      log(f'training seeds {[r.seed for r in todo]} of {job.what} in one program')
+    group_rows = _train_and_evaluate(
+        [r.resolved for r in todo], [r.directory for r in todo], self.tx, self.on_trained, log,
+        vmapped=vmapped, deadline=deadline) if todo else []
+    for run, run_rows in zip(todo, group_rows):
+      _log_run(self.log, f'[{run.number}/{len(self.runs)}]', run, run_rows, self.workdir,
+               self.start)
+      self.fresh[run.number] = run_rows
+
+  def finish(self) -> None:
+    for run in self.stale:
+      _add_hard(run, self.config, self.log, len(self.runs))
+
+  def write_outputs(self) -> list[dict]:
+    report_only = self.config.study.get('report_only', False)
+    rows, left = cluster.finished(self.runs, self.fresh, self.workdir, report_only)
+    if left:
+      self.log(f'outputs not written yet: {left}; the process that finishes the last one '
+               'writes them, or --config.study.report_only=True once they are finished.')
+      return []
+    extra, coverage = outputs.other_runs(self.workdir, self.config, self.runs)
+    covered = ([r.directory for r in self.runs]
+               + [os.path.join(self.workdir, d) for d in coverage[1]])
+    with stage('while writing the study outputs'):
+      return outputs.write_study_outputs(rows + extra, self.workdir, self.config, coverage,
+                                         outputs.grid_rows([r.directory for r in self.runs]),
+                                         hard_table=outputs.hard_rows(covered))
 
 
-def _to_train(group: list, mine: set, report_only: bool, total: int, log,
-              stale: list) -> list:
+def _to_train(group: list, mine: set, total: int, log, stale: list) -> list:
   """The runs of one setup this process trains: those of its shard that
   are not finished (one line for each run reused or extended). Finished
   runs without a current hard.csv (`evaluate.hard`) go to `stale`."""
   todo = []
   for run in group:
-    if run.number not in mine or report_only:
+    if run.number not in mine:
       continue
     done = run.rows()
     if done is not None:
@@ -354,40 +380,6 @@ def _add_hard(run, config, log, total) -> None:
         hard.ensure(run.directory, run.resolved, load_trained, lambda m: log(f'{prefix} {m}'))
   except locks.RunLocked as e:
     log(f'{prefix} {run}: held by {e.holder}; its hard set is left to it')
-
-
-def _run_setup(todo: list, *, config, total, tx, on_trained, log, deadline, fresh, workdir,
-               start) -> None:
-  """Trains and evaluates the unfinished runs of one setup (its seeds in one
-  program with study.vmap_seeds), under their locks; their rows go to
-  `fresh` by run number."""
-  first = todo[0]
-  what = f'before {first.task} {first.label} (runs before it are finished or running)'
-  raise_if_stopped(what)
-  if out_of_time(deadline):
-    raise TrainingInterrupted(f'stopped by train.max_minutes={config.train.max_minutes:g} '
-                              f'{what}; run the same command again to continue.', None,
-                              TIME_BUDGET)
-  prefix = f'[{first.number}/{total}]'
-  try:
-    with locks.hold_all([r.directory for r in todo], wait=locks.waits(config),
-                        log=lambda m: log(f'{prefix} {m}'), should_stop=raise_if_stopped):
-      # The process that held them before may have finished them.
-      todo = [r for r in todo if r.rows() is None]
-      vmapped = config.study.vmap_seeds and len(todo) > 1
-      if vmapped:
-        log(f'{prefix} training seeds {[r.seed for r in todo]} of {first.task} {first.label} '
-            'in one program')
-      group_rows = _train_and_evaluate(
-          [r.resolved for r in todo], [r.directory for r in todo], tx, on_trained,
-          lambda m: log(f'{prefix} {m}'), vmapped=vmapped, deadline=deadline
-      ) if todo else []
-  except locks.RunLocked as e:
-    log(f'{prefix} {first.task} {first.label}: in training by {e.holder}; left to it')
-    return
-  for run, run_rows in zip(todo, group_rows):
-    _log_run(log, f'[{run.number}/{total}]', run, run_rows, workdir, start)
-    fresh[run.number] = run_rows
 
 
 def _log_run(log, prefix, run, run_rows, workdir, start) -> None:

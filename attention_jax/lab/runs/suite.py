@@ -48,7 +48,7 @@ from flax import nnx
 
 from attention_jax.lab.runs import cluster
 from attention_jax.lab.evaluate import eval_budget
-from attention_jax.lab.runs import locks
+from attention_jax.lab.runs import runner
 from attention_jax.lab.evaluate import suite_hard as hard_set
 from attention_jax.lab.protocols import encoder_layout
 from attention_jax.lab.protocols import encoder
@@ -56,11 +56,7 @@ from attention_jax.lab.report import suite_report
 from attention_jax.lab.train import suite_trainer
 from attention_jax.lab.report import results
 from attention_jax.lab import tasks
-from attention_jax.lab.runs.timing import side_by_side
-from attention_jax.lab.train.interrupt import combined
 from attention_jax.lab.train.interrupt import raise_if_stopped
-from attention_jax.lab.train.interrupt import stop_requests
-from attention_jax.lab.train.loop import time_budget
 from attention_jax.lab.errors import ConfigError
 from attention_jax.positional import make_encoding
 from attention_jax.positional import parse_encoding_spec
@@ -316,31 +312,107 @@ def run_suite(config: ml_collections.ConfigDict, workdir: str,
   every setting of the config is recorded (by any job), writes the outputs
   and returns the records in the config's order of tasks, encodings,
   learning rates; returns None, after one line saying what is missing, when
-  settings of other shards are not recorded yet."""
-  validate(config)
-  check_workdir(config, workdir)
-  study = config.study
-  os.makedirs(workdir, exist_ok=True)
-  _write_json(os.path.join(workdir, 'config.json'),
-              dict(identity=identity(config), config=config.to_dict()))
-  with stop_requests():
-    found = _recorded(config, workdir, progress)
-    if not study.report_only:
-      _run_shard(config, workdir, found, progress)
-    missing = [s for s in settings(config) if s not in found]
-    if missing:
-      first = os.path.relpath(record_path(workdir, *missing[0]), workdir)
-      text = (f'{len(missing)} of {len(settings(config))} settings are not recorded yet '
-              f'(first: {first})')
-      if study.report_only:
-        raise ConfigError(f'study.report_only: {text}; train them first (the same command '
-                          'without study.report_only, or its shards).')
-      progress(f'{text}: the job that records the last one writes the outputs (or rerun '
+  settings of other shards are not recorded yet. Sharding, locks, the stop
+  and time checks, groups side by side and the outputs' lock are the
+  study's (`runs.runner`)."""
+  return runner.run(Suite(config, workdir, progress))
+
+
+class Suite:
+  """DeepMind's suite as a benchmark of `runs.runner`: its jobs are the
+  unrecorded tasks of a group (`groups`), its outputs `suite_report`'s."""
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str,
+               log: Callable[[str], None]):
+    validate(config)
+    check_workdir(config, workdir)
+    os.makedirs(workdir, exist_ok=True)
+    _write_json(os.path.join(workdir, 'config.json'),
+                dict(identity=identity(config), config=config.to_dict()))
+    self.config, self.workdir, self.log = config, workdir, log
+    self.found = _recorded(config, workdir, log)  # records by setting
+    self.lock = threading.Lock()  # the progress count, from groups side by side
+
+  def _missing(self) -> Optional[str]:
+    missing = [s for s in settings(self.config) if s not in self.found]
+    if not missing:
+      return None
+    first = os.path.relpath(record_path(self.workdir, *missing[0]), self.workdir)
+    return (f'{len(missing)} of {len(settings(self.config))} settings are not recorded yet '
+            f'(first: {first})')
+
+  def refuse_unfinished(self) -> None:
+    text = self._missing()
+    if text:
+      raise ConfigError(f'study.report_only: {text}; train them first (the same command '
+                        'without study.report_only, or its shards).')
+
+  def jobs(self, index: int, count: int) -> list[runner.Job]:
+    """This job's groups (`cluster.shard_runs`: dealt round-robin by name)
+    with an unrecorded setting."""
+    todo = groups(self.config)
+    mine = set(cluster.shard_runs([group_name(*g) for g in todo], index, count))
+    if count > 1:
+      self.log(f'shard {index} of {count}: {len(mine)} of the {len(todo)} groups')
+    self.owned = [(name, encoding, lr) for i, (encoding, lr, group) in enumerate(todo)
+                  if i in mine for name in group]
+    self.programs = suite_trainer.Programs.for_tasks(
+        self.config, [tasks.get_spec(t) for t in self.config.study.tasks])
+    self.begun, self.done = time.time(), 0
+    out = []
+    for i, (encoding, lr, group) in enumerate(todo):
+      missing = [name for name in group if (name, encoding, lr) not in self.found]
+      if i in mine and missing:
+        out.append(runner.Job(
+            directories=(group_dir(self.workdir, encoding, lr, missing),),
+            prefix=f'[group {i + 1}/{len(todo)}]',
+            what=f'{encoding} (lr {lr:g}) × {", ".join(missing)}', work=(encoding, lr, missing)))
+    return out
+
+  def run_job(self, job: runner.Job, deadline: Optional[float]) -> None:
+    """One group: records made meanwhile by another job are read first (a
+    group waited for), then the rest is trained and recorded."""
+    encoding, lr, missing = job.work
+    for name in missing:
+      if (name, encoding, lr) not in self.found:
+        record = load_record(record_path(self.workdir, name, encoding, lr), self.log)
+        if record is not None:
+          self.found[(name, encoding, lr)] = record
+    missing = [name for name in missing if (name, encoding, lr) not in self.found]
+    if not missing:
+      return
+    self.log(f'{job.prefix} {encoding} (lr {lr:g}) × {", ".join(missing)}; seeds '
+             f'{tuple(self.config.study.seeds)}')
+    for record in run_group(self.programs, self.config, encoding, lr, missing, self.log,
+                            checkpoint_dir=os.path.join(job.directories[0], 'checkpoints'),
+                            metrics_dir=job.directories[0], deadline=deadline):
+      _write_json(record_path(self.workdir, record['task'], encoding, lr), record)
+      self.found[(record['task'], encoding, lr)] = record
+      s = record['scores']['score_official']
+      lost = suite_report.diverged_text(record)
+      self.log(f'  {record["task"]} × {encoding}: score {100 * s["max"]:.1f}% (max over '
+               f'seeds; ' + ('' if record['scores'].get('seeds') == 1 else 'mean ')
+               + f"{suite_report.spread(dict(s, seeds=record['scores']['seeds']))})"
+               + (f'; {lost}, left out' if lost else ''))
+    with self.lock:
+      self.done += len(missing)
+      elapsed = time.time() - self.begun
+      left = sum(1 for setting in self.owned if setting not in self.found)
+      self.log(f'  {len(self.found)}/{len(settings(self.config))} settings; '
+               f'{elapsed / 60:.1f} min so far, about {elapsed / self.done * left / 60:.1f} '
+               'min left')
+
+  def finish(self) -> None:
+    pass
+
+  def write_outputs(self) -> Optional[list[dict]]:
+    text = self._missing()
+    if text:
+      self.log(f'{text}: the job that records the last one writes the outputs (or rerun '
                'with --config.study.report_only=True).')
       return None
-    records = [found[s] for s in settings(config)]
-    with locks.hold(workdir, wait=True, should_stop=raise_if_stopped, name='.outputs.lock'):
-      suite_report.write_outputs(records, config, workdir)
+    records = [self.found[s] for s in settings(self.config)]
+    suite_report.write_outputs(records, self.config, self.workdir)
     return records
 
 
@@ -356,77 +428,6 @@ def _recorded(config, workdir, progress) -> dict:
     progress(f'{len(found)} of {total} settings already recorded in {workdir}; running the '
              f'other {total - len(found)}.')
   return found
-
-
-def _run_shard(config, workdir, found: dict, progress) -> None:
-  """Trains, evaluates and records the unrecorded settings of this job's
-  groups (`cluster.shard_of`: groups dealt round-robin by name), adding
-  them to `found`. A group another job holds is left to it, or waited for."""
-  index, count = cluster.shard_of(config)
-  todo = groups(config)
-  mine = set(cluster.shard_runs([group_name(*g) for g in todo], index, count))
-  if count > 1:
-    progress(f'shard {index} of {count}: {len(mine)} of the {len(todo)} groups')
-  owned = [(name, encoding, lr) for i, (encoding, lr, group) in enumerate(todo) if i in mine
-           for name in group]
-  programs = suite_trainer.Programs.for_tasks(config, [tasks.get_spec(t) for t in config.study.tasks])
-  deadline = time_budget(config)
-  begun, done, lock = time.time(), [0], threading.Lock()
-
-  def run(i):
-    encoding, lr, group = todo[i]
-    missing = [name for name in group if (name, encoding, lr) not in found]
-    directory = group_dir(workdir, encoding, lr, missing)
-    try:
-      with locks.hold(directory, wait=locks.waits(config), log=progress,
-                      should_stop=raise_if_stopped):
-        _run_held(programs, config, workdir, found, encoding, lr, missing, directory,
-                  deadline, progress, f'[group {i + 1}/{len(todo)}]')
-    except locks.RunLocked as e:
-      progress(f'[group {i + 1}/{len(todo)}] {encoding} (lr {lr:g}) × {", ".join(missing)}: '
-               f'in training by {e.holder}; left to it')
-      return
-    with lock:
-      done[0] += len(missing)
-      elapsed = time.time() - begun
-      left = sum(1 for setting in owned if setting not in found)
-      progress(f'  {len(found)}/{len(settings(config))} settings; {elapsed / 60:.1f} min so '
-               f'far, about {elapsed / done[0] * left / 60:.1f} min left')
-
-  jobs = [i for i, (encoding, lr, group) in enumerate(todo)
-          if i in mine and any((name, encoding, lr) not in found for name in group)]
-  # Groups side by side in threads (`timing.side_by_side`): XLA compiles and
-  # runs two groups' programs at once, filling the cores one small group
-  # leaves idle. Each group's computation is its own: the same records.
-  side_by_side(run, jobs, config.study.get('parallel_setups', 1), combine=combined)
-
-
-def _run_held(programs, config, workdir, found, encoding, lr, missing, directory, deadline,
-              progress, prefix) -> None:
-  """One group, its lock held: records made meanwhile by another job are
-  read first (a group waited for), then the rest is trained and recorded."""
-  for name in missing:
-    if (name, encoding, lr) not in found:
-      record = load_record(record_path(workdir, name, encoding, lr), progress)
-      if record is not None:
-        found[(name, encoding, lr)] = record
-  missing = [name for name in missing if (name, encoding, lr) not in found]
-  if not missing:
-    return
-  progress(f'{prefix} {encoding} (lr {lr:g}) × {", ".join(missing)}; seeds '
-           f'{tuple(config.study.seeds)}')
-  for record in run_group(programs, config, encoding, lr, missing, progress,
-                          checkpoint_dir=os.path.join(directory, 'checkpoints'),
-                          metrics_dir=directory,
-                          deadline=deadline):
-    _write_json(record_path(workdir, record['task'], encoding, lr), record)
-    found[(record['task'], encoding, lr)] = record
-    s = record['scores']['score_official']
-    lost = suite_report.diverged_text(record)
-    progress(f'  {record["task"]} × {encoding}: score {100 * s["max"]:.1f}% (max over '
-             f'seeds; ' + ('' if record['scores'].get('seeds') == 1 else 'mean ')
-             + f"{suite_report.spread(dict(s, seeds=record['scores']['seeds']))})"
-             + (f'; {lost}, left out' if lost else ''))
 
 
 def _write_json(path: str, payload) -> None:

@@ -153,7 +153,7 @@ class Programs:
     self.config, self.vocab_size, self.num_classes = config, vocab_size, num_classes
     self.max_slots = max_slots  # every model is built alike, so programs are shared
     self._cache = {}
-    self._lock = threading.Lock()  # groups side by side share the cache (`suite._run_shard`)
+    self._lock = threading.Lock()  # groups side by side share the cache (`runs.runner`)
     self.mesh = make_mesh('data')  # module docstring: data parallel
     self.replicated = NamedSharding(self.mesh, P())
     self._rows = NamedSharding(self.mesh, P('data'))

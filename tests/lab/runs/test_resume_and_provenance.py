@@ -161,7 +161,7 @@ class ProcessTest(absltest.TestCase):
         from jax.sharding import NamedSharding, PartitionSpec as P
         from attention_jax.lab import tasks
         from attention_jax.lab import train
-        from attention_jax.lab.protocols import decoder
+        from attention_jax.lab.config.resolved import resolve
         from attention_jax.lab.train.step import step_function
         from attention_jax.lab.config.validate import validate_config
         from configs import copy as cc
