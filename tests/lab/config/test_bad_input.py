@@ -25,7 +25,7 @@ from attention_jax.lab.errors import ConfigError
 from attention_jax.lab.tasks.batches import make_batch
 from attention_jax.lab.tasks.batches import make_seq2seq_batch
 from attention_jax.lab.config.validate import validate_config
-from attention_jax.lab.runs import suite as chomsky_suite
+from attention_jax.lab.config import suite_config
 from attention_jax.lab.protocols.encoder_layout import encoder_batch
 from attention_jax.lab.config.resolved import resolve
 from configs import addition as addition_config
@@ -169,7 +169,7 @@ class EvaluationBudgetTest(parameterized.TestCase):
     c = chomsky_config.get_config('scale=tiny,encodings=rope')  # randomized: refused earlier
     c.eval.max_length = 100_000_000
     with self.assertRaisesRegex(ConfigError, r'eval.max_length=100000000 on 15 tasks'):
-      chomsky_suite.validate(c)
+      suite_config.validate(c)
 
   def test_an_evaluation_past_the_work_limit_is_refused(self):
     c = copy_config.get_config('scale=tiny')

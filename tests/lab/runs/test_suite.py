@@ -20,6 +20,7 @@ from absl.testing import absltest
 from attention_jax.lab.protocols import encoder_layout
 from attention_jax.lab.report import published
 from attention_jax.lab.report import suite_report
+from attention_jax.lab.config import suite_config
 from attention_jax.lab.runs import suite
 from attention_jax.lab.train import suite_trainer
 from attention_jax.lab.runs import locks
@@ -69,7 +70,7 @@ class EvaluationDropoutTest(chex.TestCase):
       c.eval.deterministic = 'yes'
     c.eval = dict(c.eval.to_dict(), deterministic='yes')  # a config built by hand
     with self.assertRaisesRegex(ConfigError, "eval.deterministic='yes' must be True"):
-      suite.validate(c)
+      suite_config.validate(c)
 
 
 class SuiteRunTest(chex.TestCase):
@@ -210,40 +211,40 @@ class ConfigTest(chex.TestCase):
 
   def test_unknown_task_lists_the_known_ones(self):
     with self.assertRaisesRegex(ConfigError, "unknown task 'parity'.*even_pairs"):
-      suite.validate(tiny(**{'study.tasks': ('parity',)}))
+      suite_config.validate(tiny(**{'study.tasks': ('parity',)}))
 
   def test_causal_only_encodings_refused_with_the_reason(self):
     for spec in ('fox', 'xpos'):
       with self.assertRaisesRegex(ConfigError, f"encoding '{spec}' cannot run the "
                                   'bidirectional encoder protocol: .*causal'):
-        suite.validate(tiny(**{'study.encodings': (spec,)}))
+        suite_config.validate(tiny(**{'study.encodings': (spec,)}))
 
   def test_randomized_only_where_their_code_defines_it(self):
     with self.assertRaisesRegex(ConfigError, "'kerple:randomized'.*alibi"):
-      suite.validate(tiny(**{'study.encodings': ('kerple:randomized',)}))
+      suite_config.validate(tiny(**{'study.encodings': ('kerple:randomized',)}))
 
   def test_coupled_duplicates_and_empty_lists_refused(self):
     with self.assertRaisesRegex(ConfigError, "'rope:coupled': the encoder protocol takes NAME "
                                 'or NAME:randomized'):
-      suite.validate(tiny(**{'study.encodings': ('rope:coupled',)}))
+      suite_config.validate(tiny(**{'study.encodings': ('rope:coupled',)}))
     with self.assertRaisesRegex(ConfigError, r"study.tasks names \['copy'\] more than once"):
-      suite.validate(tiny(**{'study.tasks': ('copy', 'copy')}))
+      suite_config.validate(tiny(**{'study.tasks': ('copy', 'copy')}))
     with self.assertRaisesRegex(ConfigError,
                                 r"study.encodings names \['rope'\] more than once"):
-      suite.validate(tiny(**{'study.encodings': ('rope', 'rope')}))
+      suite_config.validate(tiny(**{'study.encodings': ('rope', 'rope')}))
     with self.assertRaisesRegex(ValueError, r"argument 'tasks=': tasks= is empty"):
       chomsky_config.get_config('scale=tiny,tasks=')
 
   def test_eval_range_must_reach_past_the_first_test_length(self):
     with self.assertRaisesRegex(ConfigError, 'eval.max_length=5 must be >= '):
-      suite.validate(tiny(**{'eval.max_length': 5}))
+      suite_config.validate(tiny(**{'eval.max_length': 5}))
 
   def test_model_sizes_and_noise_range_checked(self):
     with self.assertRaisesRegex(ConfigError, 'model.d_model=15 must be an even integer'):
-      suite.validate(tiny(**{'model.d_model': 15}))
+      suite_config.validate(tiny(**{'model.d_model': 15}))
     with self.assertRaisesRegex(ConfigError, 'noise_max_length=8 is below the longest'):
-      suite.validate(tiny(**{'model.noise_max_length': 8}))
-    suite.validate(tiny(**{'study.encodings': ('alibi',),  # not randomized
+      suite_config.validate(tiny(**{'model.noise_max_length': 8}))
+    suite_config.validate(tiny(**{'study.encodings': ('alibi',),  # not randomized
                             'model.noise_max_length': 8}))
 
   def test_job_fields_checked(self):
@@ -257,15 +258,15 @@ class ConfigTest(chex.TestCase):
         ('study.parallel_setups', 0, r'study.parallel_setups=0 must be an integer >= 1'),
         ('train.num_steps', 0, r'train.num_steps=0 must be an integer >= 1')):
       with self.assertRaisesRegex(ConfigError, message):
-        suite.validate(tiny(**{path: value}))
+        suite_config.validate(tiny(**{path: value}))
 
   def test_job_fields_may_change_between_invocations(self):
-    a = suite.identity(tiny())
-    b = suite.identity(tiny(**{'train.stop_after': 2, 'train.max_minutes': 5.0,
+    a = suite_config.identity(tiny())
+    b = suite_config.identity(tiny(**{'train.stop_after': 2, 'train.max_minutes': 5.0,
                                'study.shard': (0, 2), 'train.checkpoint_every': 4,
                                'study.tasks': ('parity_check',), 'study.parallel_setups': 1}))
     self.assertEqual(a, b)
-    self.assertNotEqual(a, suite.identity(tiny(**{'study.seeds': (0,)})))
+    self.assertNotEqual(a, suite_config.identity(tiny(**{'study.seeds': (0,)})))
 
   def test_bad_preset_argument_named(self):
     with self.assertRaisesRegex(ValueError, "scale='huge'"):
@@ -301,6 +302,7 @@ class ReportTest(chex.TestCase):
 _DEVICES_SCRIPT = """
 import json, sys, tempfile
 import jax
+from attention_jax.lab.config import suite_config
 from attention_jax.lab.runs import suite
 from attention_jax.lab.errors import ConfigError
 from configs import chomsky as chomsky_config
@@ -313,7 +315,7 @@ out = dict(devices=jax.device_count(),
                     for r in records])
 c.eval.update(batch_size=2, num_samples=8)
 try:
-  suite.validate(c)
+  suite_config.validate(c)
 except ConfigError as e:
   out['refused'] = str(e)
 print('RESULT' + json.dumps(out))
@@ -358,7 +360,7 @@ class PaperPresetTest(chex.TestCase):
                       c.model.mlp_factor, c.model.dropout), (5, 64, 8, 4, 0.1))
     self.assertEqual((c.train.batch_size, c.train.min_length, c.train.max_length,
                       c.eval.max_length, c.eval.num_samples), (128, 1, 40, 500, 512))
-    suite.validate(c)
+    suite_config.validate(c)
     c.train.num_steps, c.train.steps_per_call = 2, 2
     task = lab_tasks.get_spec('duplicate_string')  # the longest layout: 3 × 500 slots
     programs = suite_trainer.Programs.for_tasks(c, list(registry.TASKS.values()))

@@ -10,7 +10,7 @@ from absl.testing import absltest
 
 from attention_jax.lab import tasks as lab_tasks
 from attention_jax.lab.errors import ConfigError
-from attention_jax.lab.runs import suite
+from attention_jax.lab.config import suite_config
 from attention_jax.lab.train import suite_trainer
 from tests.lab.runs.test_suite import tiny
 
@@ -53,9 +53,9 @@ class LengthBucketsTest(chex.TestCase):
     for value in (-1, 5):
       with self.assertRaisesRegex(ConfigError, f'train.length_buckets={value} must be an '
                                   'integer from 0 \\(none\\) to 4'):
-        suite.validate(tiny(**{'train.length_buckets': value}))
-    self.assertNotIn('length_buckets', suite.identity(tiny())['train'])
-    self.assertEqual(suite.identity(tiny(**{'train.length_buckets': 2}))['train']
+        suite_config.validate(tiny(**{'train.length_buckets': value}))
+    self.assertNotIn('length_buckets', suite_config.identity(tiny())['train'])
+    self.assertEqual(suite_config.identity(tiny(**{'train.length_buckets': 2}))['train']
                      ['length_buckets'], 2)
 
 
