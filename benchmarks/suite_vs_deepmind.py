@@ -71,10 +71,11 @@ def ours(task_name: str, encoding: str, steps: int, seeds: int, buckets: int = 0
   """A call that trains `seeds` models for `steps` steps (programs compiled
   by its first call)."""
   from attention_jax.lab import tasks  # pylint: disable=import-outside-toplevel
+  from attention_jax.lab.train import suite_programs  # pylint: disable=import-outside-toplevel
   from attention_jax.lab.train import suite_trainer  # pylint: disable=import-outside-toplevel
   c = _config(steps, buckets)
   task = tasks.get_spec(task_name)
-  programs = suite_trainer.Programs.for_tasks(c, [task])
+  programs = suite_programs.Programs.for_tasks(c, [task])
 
   def run():
     out = suite_trainer.train(programs, [task], encoding, list(range(seeds)), 1e-3,

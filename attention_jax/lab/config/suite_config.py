@@ -18,7 +18,7 @@ from attention_jax.lab.errors import ConfigError
 from attention_jax.lab.evaluate import eval_budget
 from attention_jax.lab.protocols import encoder_layout
 from attention_jax.lab.runs import cluster
-from attention_jax.lab.train import suite_trainer
+from attention_jax.lab.train import suite_programs
 from attention_jax.positional import make_encoding
 from attention_jax.positional import parse_encoding_spec
 
@@ -75,7 +75,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
                       '(no dropout at evaluation) or False (dropout on, as theirs).')
   for spec in study.encodings:
     check_encoding(spec, config)
-  if any(suite_trainer.noise_kind(spec) for spec in study.encodings) and (
+  if any(suite_programs.noise_kind(spec) for spec in study.encodings) and (
       m.noise_max_length < longest):
     raise ConfigError(f'invalid config: model.noise_max_length={m.noise_max_length} is below '
                       f'the longest evaluated sequence, {longest} slots: randomized positions '
@@ -141,7 +141,7 @@ def check_encoding(spec: str, config: ml_collections.ConfigDict) -> None:
   (built once here with causal=False: a causal-only one says why)."""
   try:
     name, _ = parse_encoding_spec(spec)
-    suite_trainer.noise_kind(spec)
+    suite_programs.noise_kind(spec)
   except ValueError as err:
     raise ConfigError(f'invalid config: study.encodings has {spec!r}: {err}') from None
   if spec.partition(':')[2] not in ('', 'randomized'):

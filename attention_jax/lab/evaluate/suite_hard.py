@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attention_jax.lab.protocols import encoder_layout
+from attention_jax.lab.train import suite_programs
 from attention_jax.lab.train import suite_trainer
 from attention_jax.lab.tasks import hard_cases
 from attention_jax.lab.tasks.chomsky import regular
@@ -90,7 +91,7 @@ def batches(task: TaskSpec, config) -> list[tuple[list[str], int, dict]]:
 
 def _exact_program(programs, graphdef, rest, encoding: str):
   """jit (params [S, …], batch) -> exact bool [S, B]."""
-  kind = suite_trainer.noise_kind(encoding)
+  kind = suite_programs.noise_kind(encoding)
   dropout = not programs.config.eval.get('deterministic', True)
 
   def one(params, batch):

@@ -53,6 +53,7 @@ from attention_jax.lab.evaluate import suite_hard as hard_set
 from attention_jax.lab.protocols import encoder_layout
 from attention_jax.lab.protocols import encoder
 from attention_jax.lab.report import suite_report
+from attention_jax.lab.train import suite_programs
 from attention_jax.lab.train import suite_trainer
 from attention_jax.lab.report import results
 from attention_jax.lab import tasks
@@ -192,7 +193,7 @@ class Suite:
       self.log(f'shard {index} of {count}: {len(mine)} of the {len(todo)} groups')
     self.owned = [(name, encoding, lr) for i, (encoding, lr, group) in enumerate(todo)
                   if i in mine for name in group]
-    self.programs = suite_trainer.Programs.for_tasks(
+    self.programs = suite_programs.Programs.for_tasks(
         self.config, [tasks.get_spec(t) for t in self.config.study.tasks])
     self.begun, self.done = time.time(), 0
     out = []

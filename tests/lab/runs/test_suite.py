@@ -22,6 +22,7 @@ from attention_jax.lab.report import published
 from attention_jax.lab.report import suite_report
 from attention_jax.lab.config import suite_config
 from attention_jax.lab.runs import suite
+from attention_jax.lab.train import suite_programs
 from attention_jax.lab.train import suite_trainer
 from attention_jax.lab.runs import locks
 from attention_jax.lab import tasks as lab_tasks
@@ -51,7 +52,7 @@ class EvaluationDropoutTest(chex.TestCase):
     c = tiny(**{'model.dropout': 0.5, 'eval.deterministic': deterministic,
                 'eval.num_samples': 32, 'eval.batch_size': 16, 'eval.seed': seed})
     task = lab_tasks.get_spec('parity_check')
-    programs = suite_trainer.Programs.for_tasks(c, [task])
+    programs = suite_programs.Programs.for_tasks(c, [task])
     graphdef, params, rest = programs.models('alibi', [0])
     return suite_trainer.evaluate(programs, task, 'alibi', graphdef, params, rest)
 
@@ -363,7 +364,7 @@ class PaperPresetTest(chex.TestCase):
     suite_config.validate(c)
     c.train.num_steps, c.train.steps_per_call = 2, 2
     task = lab_tasks.get_spec('duplicate_string')  # the longest layout: 3 × 500 slots
-    programs = suite_trainer.Programs.for_tasks(c, list(registry.TASKS.values()))
+    programs = suite_programs.Programs.for_tasks(c, list(registry.TASKS.values()))
     graphdef, (params,), rest, log = suite_trainer.train(programs, [task], 'relative:randomized',
                                                    [0], 3e-4, progress=lambda _: None)
     self.assertTrue(np.isfinite(log['log'][-1]['loss']))

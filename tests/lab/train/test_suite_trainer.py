@@ -11,6 +11,7 @@ from absl.testing import absltest
 from attention_jax.lab import tasks as lab_tasks
 from attention_jax.lab.errors import ConfigError
 from attention_jax.lab.config import suite_config
+from attention_jax.lab.train import suite_programs
 from attention_jax.lab.train import suite_trainer
 from tests.lab.runs.test_suite import tiny
 
@@ -23,7 +24,7 @@ class LengthBucketsTest(chex.TestCase):
     c = tiny(**{'model.dropout': 0.0, 'train.length_buckets': buckets,
                 'train.num_steps': 8, 'train.steps_per_call': 4})
     group = [lab_tasks.get_spec('reverse_string'), lab_tasks.get_spec('odds_first')]
-    programs = suite_trainer.Programs.for_tasks(c, group)
+    programs = suite_programs.Programs.for_tasks(c, group)
     _, params, _, log = suite_trainer.train(programs, group, 'relative:randomized', [0, 1],
                                             1e-3, progress=lambda _: None)
     return params, log
@@ -44,10 +45,10 @@ class LengthBucketsTest(chex.TestCase):
 
   def test_bucket_ends_and_slots(self):
     c = tiny(**{'train.length_buckets': 2})  # lengths 1–4
-    self.assertEqual(suite_trainer.bucket_ends(c), [2, 4])
-    self.assertEqual(suite_trainer.bucket_ends(tiny()), [4])
+    self.assertEqual(suite_programs.bucket_ends(c), [2, 4])
+    self.assertEqual(suite_programs.bucket_ends(tiny()), [4])
     group = [lab_tasks.get_spec('reverse_string')]  # n inputs, n outputs
-    self.assertEqual(suite_trainer.bucket_slots(group, [2, 4]), (4, 8))
+    self.assertEqual(suite_programs.bucket_slots(group, [2, 4]), (4, 8))
 
   def test_length_buckets_checked_and_only_a_bucketed_config_records_them(self):
     for value in (-1, 5):
@@ -70,7 +71,7 @@ class HardSetPaddingTest(chex.TestCase):
     task = lab_tasks.get_spec('bucket_sort')
     rows = {}
     for pad in (1, suite_hard.ROWS):
-      programs = suite_trainer.Programs.for_tasks(c, [task])
+      programs = suite_programs.Programs.for_tasks(c, [task])
       graphdef, params, rest = programs.models('relative:randomized', [0, 1])
       with mock.patch.object(suite_hard, 'ROWS', pad):
         rows[pad] = suite_hard.evaluate(programs, task, 'relative:randomized', graphdef,
