@@ -19,6 +19,7 @@ is refused.
 """
 
 import dataclasses
+import functools
 import os
 from typing import Any, Optional
 
@@ -30,6 +31,7 @@ from flax import nnx
 
 from attention_jax.lab.config import identity
 from attention_jax.lab.protocols import decoder
+from attention_jax.lab.config.resolved import ResolvedRun
 from attention_jax.lab.config.resolved import resolve
 from attention_jax.lab import tasks
 from attention_jax.lab.runs import workdirs
@@ -71,6 +73,11 @@ class Trained:
     if getattr(self.model, 'abacus', None) is not None:
       self.model.abacus.check_ids = True
 
+  @functools.cached_property
+  def record(self) -> ResolvedRun:
+    """The run's config resolved (`lab.config.resolved`): its position ranges."""
+    return resolve(self.config)
+
   def predict(self, *inputs, key: Optional[jax.Array] = None) -> Prediction:
     """The run's greedy answer to one input (module docstring). `key`
     (default `jax.random.key(0)`) draws what the evaluation draws beside the
@@ -98,8 +105,8 @@ class Trained:
     if self.task.coupled_max_position:  # offset 1, as the evaluation's
       batch['positions'] = self.task.coupled_positions(
           tokens, lengths, jnp.ones((1,), jnp.int32))[:, :-1]
-    max_position = decoder.randomized_max_position(self.config)
-    if max_position and self.config.positions.randomized_eval == 'random':
+    max_position = self.record.eval_max_position
+    if max_position:  # randomized positions, where the evaluation draws them
       batch = tasks.with_random_positions(batch, jax.random.fold_in(key, 2), max_position,
                                           self.config.positions.draw)
     return batch
