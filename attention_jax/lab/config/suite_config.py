@@ -14,6 +14,7 @@ import ml_collections
 from flax import nnx
 
 from attention_jax.lab import tasks
+from attention_jax.lab.config.entries import flatten
 from attention_jax.lab.errors import ConfigError
 from attention_jax.lab.evaluate import eval_budget
 from attention_jax.lab.protocols import encoder_layout
@@ -166,19 +167,14 @@ def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
   try:
     with open(path) as f:
       stored = json.load(f)['identity']
-  except (OSError, ValueError, KeyError) as err:
+    if not isinstance(stored, dict):
+      raise ValueError(f'its identity is a {type(stored).__name__}, not a mapping')
+  except (OSError, ValueError, KeyError, TypeError) as err:
     raise ConfigError(f'{path} is damaged ({err}); move it away or use another '
                       '--workdir.') from None
   mine = identity(config)
   if stored != mine:
-    fields = sorted(_differences(stored, mine))
+    old, new = flatten(stored), flatten(mine)
+    fields = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
     raise ConfigError(f'--workdir={workdir} holds runs of another config (differing: '
                       f'{", ".join(fields)}); use a new --workdir for this one.')
-
-
-def _differences(a, b, prefix=''):
-  if isinstance(a, dict) and isinstance(b, dict):
-    for key in set(a) | set(b):
-      yield from _differences(a.get(key), b.get(key), f'{prefix}{key}.')
-  elif a != b:
-    yield prefix.rstrip('.')

@@ -1,4 +1,5 @@
-"""AdamW with linear warm-up, cosine decay and global-norm clipping."""
+"""The lab's optimizers: the study's AdamW with linear warm-up, cosine decay
+and global-norm clipping, and DeepMind's suite's Adam at a constant rate."""
 
 import ml_collections
 import optax
@@ -19,3 +20,11 @@ def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformati
       optax.clip_by_global_norm(cfg.grad_clip_norm),
       optax.adamw(learning_rate_schedule(cfg), b1=cfg.adam_b1, b2=cfg.adam_b2,
                   weight_decay=cfg.weight_decay))
+
+
+def adam_as_deepmind(grad_clip_norm: float, learning_rate: float
+                     ) -> optax.GradientTransformation:
+  """The suite's, as their `experiments/training.py`:
+  `optax.chain(clip_by_global_norm(max_grad_norm), adam(lr))` (their
+  `max_grad_norm` is our `train.grad_clip_norm`)."""
+  return optax.chain(optax.clip_by_global_norm(grad_clip_norm), optax.adam(learning_rate))

@@ -46,6 +46,7 @@ from attention_jax.lab.protocols import encoder
 from attention_jax.lab.protocols import encoder_layout
 from attention_jax.lab.tasks.spec import TaskSpec
 from attention_jax.lab.train.mesh import make as make_mesh
+from attention_jax.lab.train.optimizer import adam_as_deepmind
 from attention_jax.nn.encoder import TransformerEncoder
 from attention_jax.positional import parse_encoding_spec
 
@@ -200,7 +201,7 @@ class Programs:
     (params, opt_state, loss [S], accuracy [S]); `slots`: each bucket's
     (`bucket_slots`), a step of bucket b cut to slots[b]."""
     kind = noise_kind(encoding)
-    tx = optimizer(self.config, learning_rate)
+    tx = adam_as_deepmind(self.config.train.grad_clip_norm, learning_rate)
     t = self.config.train
 
     def cut(batch, width):
@@ -287,10 +288,3 @@ class Programs:
       return jnp.mean(jax.lax.map(sub, batches))
     make = lambda: jax.jit(jax.vmap(one, in_axes=(0, None)))
     return self._get(('eval_accuracy', encoding, slots), make)
-
-
-def optimizer(config: ml_collections.ConfigDict, learning_rate: float):
-  """Theirs: `optax.chain(clip_by_global_norm(max_grad_norm), adam(lr))`
-  (their `max_grad_norm` is our `train.grad_clip_norm`)."""
-  return optax.chain(optax.clip_by_global_norm(config.train.grad_clip_norm),
-                     optax.adam(learning_rate))

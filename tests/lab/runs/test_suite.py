@@ -5,6 +5,7 @@ on CPU."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -14,6 +15,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl.testing import parameterized
 import pytest
 from absl.testing import absltest
 
@@ -209,6 +211,19 @@ class SuiteRunTest(chex.TestCase):
 
 
 class ConfigTest(chex.TestCase):
+
+  @parameterized.named_parameters(
+      ('not_json', '{"identity": '), ('no_identity', '{"config": {}}'),
+      ('identity_not_a_mapping', '{"identity": [1, 2]}'), ('not_an_object', '[1]'))
+  def test_a_damaged_workdir_config_is_named_and_left_as_it_is(self, text):
+    workdir = tempfile.mkdtemp()
+    path = os.path.join(workdir, 'config.json')
+    with open(path, 'w') as f:
+      f.write(text)
+    with self.assertRaisesRegex(ConfigError, f'^{re.escape(path)} is damaged .*another --workdir'):
+      suite_config.check_workdir(tiny(), workdir)
+    with open(path) as f:
+      self.assertEqual(f.read(), text)
 
   def test_unknown_task_lists_the_known_ones(self):
     with self.assertRaisesRegex(ConfigError, "unknown task 'parity'.*even_pairs"):
