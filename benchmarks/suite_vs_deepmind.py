@@ -102,11 +102,11 @@ def theirs(root: str, task_name: str, encoding: str, steps: int):
       output_size=task.output_size, return_all_outputs=True, num_layers=c.model.num_layers,
       embedding_dim=c.model.d_model, num_heads=c.model.num_heads,
       dropout_prob=c.model.dropout, positional_encodings=_ENCODINGS[encoding],
-      positional_encodings_params=({'noise_max_length': c.model.noise_max_length}
+      positional_encodings_params=({'noise_max_length': c.positions.max_position}
                                    if _ENCODINGS[encoding].startswith('NOISY') else {}))
   model = hk.transform(utils.make_model_with_empty_targets(model, task, 0, False))
   curriculum = curriculum_lib.UniformCurriculum(
-      values=list(range(c.train.min_length, c.train.max_length + 1)))
+      values=list(range(c.task.train_min_length, c.task.train_max_length + 1)))
 
   def loss_fn(output, target):  # their example.py's
     return jnp.mean(jnp.sum(task.pointwise_loss_fn(output, target), axis=-1)), {}

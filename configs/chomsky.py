@@ -41,10 +41,13 @@ Presets by `:arg`, comma-separated `key=value`:
                   randomizes)
 
 Any field can be overridden: `--config.train.num_steps=2000`. The field
-names are the copy study's (configs/copy.py): `train.num_steps`,
+names are the copy study's (configs/copy.py): `task.train_min_length`,
+`task.train_max_length`, `positions.max_position`, `train.num_steps`,
 `train.steps_per_call`, `train.checkpoint_every`, `train.stop_after`,
 `train.max_minutes`, `eval.num_samples`, `eval.batch_size`, `study.seeds`,
-`study.shard`, `study.on_locked`, `study.report_only`.
+`study.shard`, `study.on_locked`, `study.report_only`. A workdir written
+when the suite named three of them otherwise (`train.min_length`,
+`train.max_length`, `model.noise_max_length`) is read with today's names.
 
 At scale: a setting's training is checkpointed every
 `train.checkpoint_every` steps (an interrupt loses at most that many; the
@@ -91,13 +94,21 @@ def get_config(arg=None):
   # leaves idle; 1 = one after another. The same records either way.
   c.study.parallel_setups = 1
 
+  c.task = ml_collections.ConfigDict()
+  # One training length per batch, uniform in [train_min_length, train_max_length].
+  c.task.train_min_length = 1  # theirs: 1
+  c.task.train_max_length = 40  # theirs: 40
+
+  c.positions = ml_collections.ConfigDict()
+  # NAME:randomized draws its positions from [0, this) (their noise_max_length).
+  c.positions.max_position = 2048  # theirs: 2,048
+
   c.model = ml_collections.ConfigDict()
   c.model.num_layers = 5  # theirs: 5
   c.model.d_model = 64  # theirs: 64
   c.model.num_heads = 8  # theirs: 8
   c.model.mlp_factor = 4  # FFN width / d_model; theirs: 4
   c.model.dropout = 0.1  # on embeddings and both residual branches; theirs: 0.1
-  c.model.noise_max_length = 2048  # randomized positions come from [0, this); theirs: 2,048
   # Per-encoding build options. ALiBi bidirectional with their +0.5 for keys
   # left of the query (their compute_alibi_encodings_biases).
   c.model.encoding_options = ml_collections.ConfigDict({'alibi': {'left_offset': 0.5}})
@@ -116,8 +127,6 @@ def get_config(arg=None):
   # exit status 75: run it again to continue); 0: no limit.
   c.train.max_minutes = 0.0
   c.train.batch_size = 128  # theirs: 128
-  c.train.min_length = 1  # one length per batch, uniform in [min, max]; theirs: 1
-  c.train.max_length = 40  # theirs: 40
   c.train.grad_clip_norm = 1.0  # global-norm clipping before Adam; theirs: 1.0
   # K > 0: each step padded to its length's bucket (the training lengths in K
   # equal ranges) instead of the longest length, and one length per step for
@@ -156,14 +165,14 @@ def _cpu(c):
   c.train.log_every = 500
   c.train.checkpoint_every = 500
   c.train.batch_size = 16
-  c.train.max_length = 10
+  c.task.train_max_length = 10
   c.eval.min_length = 11
   c.eval.max_length = 40
   c.eval.num_samples = 64
   c.eval.batch_size = 64
   c.eval.bucket = 20
   c.eval.cache = True
-  c.model.noise_max_length = 256
+  c.positions.max_position = 256
 
 
 def _paper(c):
@@ -193,12 +202,12 @@ def _tiny(c):
   c.train.checkpoint_every = 2
   c.train.tensorboard = False
   c.train.batch_size = 4
-  c.train.max_length = 4
+  c.task.train_max_length = 4
   c.eval.max_length = 7
   c.eval.num_samples = 4
   c.eval.batch_size = 2
   c.eval.bucket = 0
-  c.model.noise_max_length = 64
+  c.positions.max_position = 64
 
 
 SCALES = {'cpu': _cpu, 'paper': _paper, 'tiny': _tiny}

@@ -33,6 +33,22 @@ _NOT_COMPUTED = (('study', 'tasks'), ('study', 'encodings'), ('study', 'learning
                  ('train', 'max_minutes'), ('train', 'tensorboard'), ('eval', 'cache'))
 
 
+# Fields the suite once named otherwise -> the study's name for the concept
+# (a workdir written before keeps its runs: its identity is read renamed).
+RENAMED = {('train', 'min_length'): ('task', 'train_min_length'),
+           ('train', 'max_length'): ('task', 'train_max_length'),
+           ('model', 'noise_max_length'): ('positions', 'max_position')}
+
+
+def _renamed(stored: dict) -> dict:
+  """A stored identity with `RENAMED`'s older fields under today's names."""
+  out = json.loads(json.dumps(stored))
+  for (group, key), (new_group, new_key) in RENAMED.items():
+    if isinstance(out.get(group), dict) and key in out[group]:
+      out.setdefault(new_group, {})[new_key] = out[group].pop(key)
+  return out
+
+
 def identity(config: ml_collections.ConfigDict) -> dict:
   """What every setting of `config` is computed with: the config without
   the fields that only select settings or steer the job."""
@@ -47,6 +63,7 @@ def identity(config: ml_collections.ConfigDict) -> dict:
 def validate(config: ml_collections.ConfigDict) -> None:
   """ConfigError naming the first bad value, before anything runs."""
   t, e, m, study = config.train, config.eval, config.model, config.study
+  lengths, p = config.task, config.positions
   longest = max([encoder_layout.padded_slots(tasks.get_spec(n), e.max_length)
                  for n in study.tasks if n in tasks.SPECS], default=0)
   if not study.tasks:
@@ -64,11 +81,15 @@ def validate(config: ml_collections.ConfigDict) -> None:
       twice = sorted({n for n in names if names.count(n) > 1})
       raise ConfigError(f'invalid config: study.{field} names {twice} more than once.')
   m_ok = all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
-             for v in (m.d_model, m.num_heads, m.mlp_factor, m.noise_max_length))
+             for v in (m.d_model, m.num_heads, m.mlp_factor))
   if not m_ok or m.d_model % m.num_heads or m.d_model % 2:
     raise ConfigError(f'invalid config: model.d_model={m.d_model!r} must be an even integer '
-                      f'that model.num_heads={m.num_heads!r} divides (mlp_factor, '
-                      'noise_max_length: integers >= 1).')
+                      f'that model.num_heads={m.num_heads!r} divides (model.mlp_factor: an '
+                      'integer >= 1).')
+  if isinstance(p.max_position, bool) or not isinstance(p.max_position, int) or (
+      p.max_position < 1):
+    raise ConfigError(f'invalid config: positions.max_position={p.max_position!r} must be an '
+                      'integer >= 1 (randomized positions are drawn from [0, it)).')
   if not 0 <= m.dropout < 1:
     raise ConfigError(f'invalid config: model.dropout={m.dropout!r} must be in [0, 1).')
   if not isinstance(e.get('deterministic', True), bool):
@@ -77,15 +98,16 @@ def validate(config: ml_collections.ConfigDict) -> None:
   for spec in study.encodings:
     check_encoding(spec, config)
   if any(suite_programs.noise_kind(spec) for spec in study.encodings) and (
-      m.noise_max_length < longest):
-    raise ConfigError(f'invalid config: model.noise_max_length={m.noise_max_length} is below '
+      p.max_position < longest):
+    raise ConfigError(f'invalid config: positions.max_position={p.max_position} is below '
                       f'the longest evaluated sequence, {longest} slots: randomized positions '
-                      'are distinct draws from [0, noise_max_length).')
+                      'are distinct draws from [0, positions.max_position).')
   for field, value in (('train.num_steps', t.num_steps),
                        ('train.steps_per_call', t.steps_per_call),
                        ('train.checkpoint_every', t.checkpoint_every),
                        ('train.checkpoint_keep', t.checkpoint_keep),
-                       ('train.batch_size', t.batch_size), ('train.min_length', t.min_length),
+                       ('train.batch_size', t.batch_size),
+                       ('task.train_min_length', lengths.train_min_length),
                        ('eval.num_samples', e.num_samples), ('eval.batch_size', e.batch_size),
                        ('model.num_layers', m.num_layers), ('train.log_every', t.log_every),
                        ('study.parallel_setups', study.get('parallel_setups', 1))):
@@ -95,11 +117,12 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if t[field] % t.steps_per_call:
       raise ConfigError(f'invalid config: train.{field}={t[field]} must be a multiple of '
                         f'train.steps_per_call={t.steps_per_call} (steps per compiled call).')
-  buckets, span = t.get('length_buckets', 0), t.max_length - t.min_length + 1
+  buckets = t.get('length_buckets', 0)
+  span = lengths.train_max_length - lengths.train_min_length + 1
   if isinstance(buckets, bool) or not isinstance(buckets, int) or not 0 <= buckets <= span:
     raise ConfigError(f'invalid config: train.length_buckets={buckets!r} must be an integer '
                       f'from 0 (none) to {span}, the training lengths '
-                      f'train.min_length … train.max_length.')
+                      f'task.train_min_length … task.train_max_length.')
   stop = t.stop_after
   if isinstance(stop, bool) or not isinstance(stop, int) or stop < 0 or stop % t.steps_per_call:
     raise ConfigError(f'invalid config: train.stop_after={stop!r} must be 0 (never) or a '
@@ -116,13 +139,13 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if value % devices:  # each batch is split over the devices (`trainer`: data parallel)
       raise ConfigError(f'invalid config: {field}={value} is not divisible by the {devices} '
                         'devices each batch is split over; use a multiple of the device count.')
-  if not t.min_length <= t.max_length:
-    raise ConfigError(f'invalid config: train.min_length={t.min_length} > '
-                      f'train.max_length={t.max_length}.')
-  if not (1 <= e.min_length and e.max_length >= t.max_length + 2):
+  if not lengths.train_min_length <= lengths.train_max_length:
+    raise ConfigError(f'invalid config: task.train_min_length={lengths.train_min_length} > '
+                      f'task.train_max_length={lengths.train_max_length}.')
+  if not (1 <= e.min_length and e.max_length >= lengths.train_max_length + 2):
     raise ConfigError(f'invalid config: eval.max_length={e.max_length} must be >= '
-                      f'train.max_length + 2 = {t.max_length + 2} (the official score '
-                      'starts at the second test length), eval.min_length >= 1.')
+                      f'task.train_max_length + 2 = {lengths.train_max_length + 2} (the '
+                      'official score starts at the second test length), eval.min_length >= 1.')
   if not study.seeds or len(set(study.seeds)) != len(study.seeds):
     raise ConfigError(f'invalid config: study.seeds={tuple(study.seeds)!r} must be distinct, '
                       'at least one.')
@@ -152,7 +175,7 @@ def check_encoding(spec: str, config: ml_collections.ConfigDict) -> None:
   options = dict((config.model.get('encoding_options') or {}).get(name) or {})
   try:
     make_encoding(name, d_model=config.model.d_model, num_heads=config.model.num_heads,
-                  max_positions=config.model.noise_max_length, causal=False,
+                  max_positions=config.positions.max_position, causal=False,
                   rngs=nnx.Rngs(0), **options)
   except ValueError as err:
     raise ConfigError(f'invalid config: encoding {spec!r} cannot run the bidirectional '
@@ -172,7 +195,7 @@ def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
   except (OSError, ValueError, KeyError, TypeError) as err:
     raise ConfigError(f'{path} is damaged ({err}); move it away or use another '
                       '--workdir.') from None
-  mine = identity(config)
+  mine, stored = identity(config), _renamed(stored)
   if stored != mine:
     old, new = flatten(stored), flatten(mine)
     fields = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))

@@ -212,6 +212,6 @@ def check_encoder(config: ml_collections.ConfigDict) -> None:
 
   _refuse(f'{len(specs)} task{"s" * (len(specs) != 1)}', e.max_length, memory, flops,
           e.batch_size, longest, f'{e.max_length - e.min_length + 1:,} lengths × '
-          f'eval.num_samples={e.num_samples}', fits, config.train.max_length + 2,
+          f'eval.num_samples={e.num_samples}', fits, config.task.train_max_length + 2,
           ' with the data eval.cache keeps' if e.get('cache', False) else '',
           models=models_at_once(config, stacked_seeds=True))

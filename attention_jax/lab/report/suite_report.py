@@ -115,8 +115,8 @@ def write_outputs(records: list[dict], config, workdir: str) -> None:
   results.write_text(os.path.join(workdir, 'summary.md'),
                      summary(combined, task_names, encodings, config))
   figure(combined, task_names, encodings, os.path.join(workdir, 'chomsky.png'),
-         title=f'test lengths {config.train.max_length + 2}–{config.eval.max_length} '
-               f'after training on {config.train.min_length}–{config.train.max_length}')
+         title=f'test lengths {config.task.train_max_length + 2}–{config.eval.max_length} '
+               f'after training on {config.task.train_min_length}–{config.task.train_max_length}')
 
 
 def _write_csv(records, path):
@@ -150,21 +150,22 @@ def spread(score: dict) -> str:
 
 def summary(combined, task_names, encodings, config) -> str:
   """summary.md's text (module docstring)."""
-  t, e = config.train, config.eval
+  t, e, lengths = config.train, config.eval, config.task
   lost = [f'{name} × {enc}{_lost(s)}' for (name, enc), s in combined.items() if s['diverged']]
   lines = [
       '# DeepMind length-generalization suite: the encoder protocol', '',
       *(['**Diverged runs** (training loss NaN or infinite), left out of every max and mean: '
          + '; '.join(lost) + '.', ''] if lost else []),
-      f'Trained on lengths {t.min_length}–{t.max_length} ({t.num_steps:,} steps, batch '
+      f'Trained on lengths {lengths.train_min_length}–{lengths.train_max_length} '
+      f'({t.num_steps:,} steps, batch '
       f'{t.batch_size}, {config.model.num_layers} layer{"s" * (config.model.num_layers != 1)}, '
       f'd_model {config.model.d_model}); '
       f'evaluated on {e.min_length}–{e.max_length}, {e.num_samples} samples per length; seeds '
       f'{tuple(config.study.seeds)}, learning rates {tuple(config.study.learning_rates)}.', '',
-      f'**Score** (accuracy %, their average: test lengths {t.max_length + 2}–{e.max_length}, '
-      f'skipping {t.max_length + 1} as their code does): the best run over seeds and learning '
-      'rates, as the papers report it, then the mean ± std over seeds and the worst seed '
-      '(of the learning rate with the best mean).', '',
+      f'**Score** (accuracy %, their average: test lengths {lengths.train_max_length + 2}–'
+      f'{e.max_length}, skipping {lengths.train_max_length + 1} as their code does): the best '
+      'run over seeds and learning rates, as the papers report it, then the mean ± std over '
+      'seeds and the worst seed (of the learning rate with the best mean).', '',
       '| level | task | ' + ' | '.join(encodings) + ' |',
       '|---|---|' + '---|' * len(encodings)]
   for name in task_names:
@@ -178,10 +179,10 @@ def summary(combined, task_names, encodings, config) -> str:
   lines += randomized_gains(combined, task_names, encodings)
   lines += beside_published(combined, task_names, encodings)
   lines += ['', '## Per task', '',
-            f'`official`: lengths {t.max_length + 2}–{e.max_length} (their average); '
-            f'`plain`: {t.max_length + 1}–{e.max_length}; `train`: accuracy on the training '
-            f'batches of the last {t.steps_per_call} steps (dropout on), mean over seeds. Max over runs, '
-            'then mean ± std and the worst seed.', '']
+            f'`official`: lengths {lengths.train_max_length + 2}–{e.max_length} (their '
+            f'average); `plain`: {lengths.train_max_length + 1}–{e.max_length}; `train`: '
+            f'accuracy on the training batches of the last {t.steps_per_call} steps (dropout '
+            'on), mean over seeds. Max over runs, then mean ± std and the worst seed.', '']
   for name in task_names:
     lines += [f'### {name} ({_level(name)})', '',
               '| encoding | official max | official mean ± std, worst | plain max | '

@@ -95,7 +95,7 @@ def groups(config: ml_collections.ConfigDict) -> list[tuple[str, float, list[str
     for lr in config.study.learning_rates:
       by_shape = {}
       for name in config.study.tasks:
-        slots = encoder_layout.padded_slots(tasks.get_spec(name), config.train.max_length)
+        slots = encoder_layout.padded_slots(tasks.get_spec(name), config.task.train_max_length)
         by_shape.setdefault(slots, []).append(name)
       out += [(encoding, float(lr), names) for names in by_shape.values()]
   return out
@@ -132,7 +132,8 @@ def run_group(programs, config, encoding, learning_rate, names, progress, *,
     evaluating = time.time()
     accuracies = suite_trainer.evaluate(programs, task, encoding, graphdef, task_params, rest)
     hard_rows = hard_set.evaluate(programs, task, encoding, graphdef, task_params, rest)
-    per_seed = [encoder.run_scores(lengths, a, config.train.max_length) for a in accuracies]
+    per_seed = [encoder.run_scores(lengths, a, config.task.train_max_length)
+                for a in accuracies]
     records.append(dict(
         task=task.name, level=task.level, encoding=encoding, learning_rate=learning_rate,
         seeds=seeds, lengths=lengths, accuracies=accuracies.tolist(),

@@ -69,14 +69,14 @@ LENGTH_SEED = 0x1e9
 
 def bucket_ends(config: ml_collections.ConfigDict) -> list[int]:
   """The longest training length of each bucket (module docstring):
-  `train.length_buckets` equal ranges of min_length … max_length; [max_length]
-  for 0."""
-  t = config.train
-  count = t.get('length_buckets', 0)
+  `train.length_buckets` equal ranges of task.train_min_length …
+  train_max_length; [train_max_length] for 0."""
+  low, high = config.task.train_min_length, config.task.train_max_length
+  count = config.train.get('length_buckets', 0)
   if not count:
-    return [t.max_length]
-  span = t.max_length - t.min_length + 1
-  return sorted({t.min_length - 1 + math.ceil(span * (j + 1) / count) for j in range(count)})
+    return [high]
+  span = high - low + 1
+  return sorted({low - 1 + math.ceil(span * (j + 1) / count) for j in range(count)})
 
 
 def bucket_slots(group: list[TaskSpec], ends: list[int]) -> tuple[int, ...]:
@@ -104,7 +104,8 @@ def build_model(encoding: str, config: ml_collections.ConfigDict, seed: int, *,
   return TransformerEncoder(
       vocab_size=vocab_size, output_size=num_classes, d_model=m.d_model,
       num_heads=m.num_heads, num_layers=m.num_layers, mlp_dim=m.mlp_factor * m.d_model,
-      encoding=name, max_positions=m.noise_max_length if noise_kind(encoding) else slots,
+      encoding=name,
+      max_positions=config.positions.max_position if noise_kind(encoding) else slots,
       encoding_options=options, dropout_rate=m.dropout, rngs=nnx.Rngs(params=seed))
 
 
@@ -164,7 +165,7 @@ class Programs:
     noise = {} if kind is None else encoder_layout.noisy_positions(
         kind, noise_key, batch['lengths'], slots=batch['tokens'].shape[1],
         num_layers=self.config.model.num_layers,
-        noise_max_length=self.config.model.noise_max_length)
+        noise_max_length=self.config.positions.max_position)
     kwargs = dict(deterministic=True) if dropout_key is None else dict(
         deterministic=False, rngs=nnx.Rngs(dropout=dropout_key))
     logits = model(batch['tokens'], lengths=batch['lengths'], **noise, **kwargs)
@@ -173,7 +174,7 @@ class Programs:
   def train_data(self, task: TaskSpec, slots: int):
     """jit (seeds int32 [S], start) -> batches `[S, steps_per_call, …]`, one per step
     `start …`, and each step's noise and dropout keys and length bucket."""
-    t = self.config.train
+    t, lengths = self.config.train, self.config.task
 
     ends = jnp.asarray(bucket_ends(self.config), jnp.int32)
 
@@ -182,9 +183,10 @@ class Programs:
       length_key, data_key, noise_key, dropout_key = jax.random.split(key, 4)
       if t.get('length_buckets', 0):  # one length per step for the run (module docstring)
         length_key = jax.random.fold_in(jax.random.key(LENGTH_SEED), index)
-      length = jax.random.randint(length_key, (), t.min_length, t.max_length + 1, jnp.int32)
+      length = jax.random.randint(length_key, (), lengths.train_min_length,
+                                  lengths.train_max_length + 1, jnp.int32)
       batch = encoder_layout.encoder_batch(task, data_key, length, batch_size=t.batch_size,
-                                   max_length=t.max_length, slots=slots)
+                                   max_length=lengths.train_max_length, slots=slots)
       return dict(batch, noise_key=jax.random.key_data(noise_key),
                   dropout_key=jax.random.key_data(dropout_key),
                   bucket=jnp.searchsorted(ends, length).astype(jnp.int32))

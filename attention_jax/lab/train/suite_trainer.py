@@ -80,7 +80,8 @@ def train(programs: Programs, group: list[TaskSpec], encoding: str, seeds: list[
   if t.num_steps % t.steps_per_call:
     raise ValueError(f'train.num_steps={t.num_steps} must be a multiple of '
                      f'train.steps_per_call={t.steps_per_call}.')
-  shapes = {encoder_layout.padded_slots(task, t.max_length) for task in group}
+  shapes = {encoder_layout.padded_slots(task, programs.config.task.train_max_length)
+            for task in group}
   if len(shapes) != 1:
     raise ValueError(f'tasks {[task.name for task in group]} have different padded shapes '
                      f'{sorted(shapes)}; train them in separate groups.')

@@ -212,6 +212,23 @@ class SuiteRunTest(chex.TestCase):
 
 class ConfigTest(chex.TestCase):
 
+  def test_a_workdir_of_the_older_field_names_is_read_with_todays(self):
+    # The suite once named the training range train.min_length/max_length
+    # and the randomized range model.noise_max_length; the study's names now.
+    workdir = tempfile.mkdtemp()
+    stored = suite_config.identity(tiny())
+    stored['train'].update(min_length=stored['task'].pop('train_min_length'),
+                           max_length=stored['task'].pop('train_max_length'))
+    stored['model']['noise_max_length'] = stored.pop('positions')['max_position']
+    del stored['task']
+    with open(os.path.join(workdir, 'config.json'), 'w') as f:
+      json.dump(dict(identity=stored), f)
+    suite_config.check_workdir(tiny(), workdir)  # the same config: accepted
+    with self.assertRaisesRegex(ConfigError, r'another config \(differing: '
+                                r'positions.max_position, task.train_max_length\)'):
+      suite_config.check_workdir(tiny(**{'task.train_max_length': 3,
+                                         'positions.max_position': 32}), workdir)
+
   @parameterized.named_parameters(
       ('not_json', '{"identity": '), ('no_identity', '{"config": {}}'),
       ('identity_not_a_mapping', '{"identity": [1, 2]}'), ('not_an_object', '[1]'))
@@ -258,10 +275,16 @@ class ConfigTest(chex.TestCase):
   def test_model_sizes_and_noise_range_checked(self):
     with self.assertRaisesRegex(ConfigError, 'model.d_model=15 must be an even integer'):
       suite_config.validate(tiny(**{'model.d_model': 15}))
-    with self.assertRaisesRegex(ConfigError, 'noise_max_length=8 is below the longest'):
-      suite_config.validate(tiny(**{'model.noise_max_length': 8}))
+    with self.assertRaisesRegex(ConfigError, 'positions.max_position=8 is below the longest'):
+      suite_config.validate(tiny(**{'positions.max_position': 8}))
     suite_config.validate(tiny(**{'study.encodings': ('alibi',),  # not randomized
-                            'model.noise_max_length': 8}))
+                                  'positions.max_position': 8}))
+    for bad in (0, -3):
+      with self.assertRaisesRegex(ConfigError, f'positions.max_position={bad!r} must be an '
+                                  'integer >= 1'):
+        suite_config.validate(tiny(**{'positions.max_position': bad}))
+    with self.assertRaisesRegex(ConfigError, 'task.train_min_length=5 > task.train_max_length=4'):
+      suite_config.validate(tiny(**{'task.train_min_length': 5}))
 
   def test_job_fields_checked(self):
     for path, value, message in (
@@ -374,7 +397,7 @@ class PaperPresetTest(chex.TestCase):
     c = chomsky_config.get_config('scale=paper')
     self.assertEqual((c.model.num_layers, c.model.d_model, c.model.num_heads,
                       c.model.mlp_factor, c.model.dropout), (5, 64, 8, 4, 0.1))
-    self.assertEqual((c.train.batch_size, c.train.min_length, c.train.max_length,
+    self.assertEqual((c.train.batch_size, c.task.train_min_length, c.task.train_max_length,
                       c.eval.max_length, c.eval.num_samples), (128, 1, 40, 500, 512))
     suite_config.validate(c)
     c.train.num_steps, c.train.steps_per_call = 2, 2
