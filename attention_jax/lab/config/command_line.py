@@ -16,6 +16,7 @@ from typing import Optional, Sequence
 import ml_collections
 from absl import flags
 
+from attention_jax.lab.config.suite_config import RENAMED
 from attention_jax.lab.errors import ConfigError
 from attention_jax.lab.runs.process import quiet_logs
 from attention_jax.lab.runs.process import usage_exit
@@ -41,6 +42,15 @@ def _field_names(section) -> str:
   return ', '.join(sorted(section.keys())) if isinstance(section, ml_collections.ConfigDict) else ''
 
 
+def _has(config: ml_collections.ConfigDict, path: tuple) -> bool:
+  holder = config
+  for key in path:
+    if not isinstance(holder, ml_collections.ConfigDict) or key not in holder:
+      return False
+    holder = holder[key]
+  return True
+
+
 def _check_path(config: ml_collections.ConfigDict, path: str) -> None:
   """Raises ConfigError unless --config.PATH names a field of `config`."""
   holder, walked = config, []
@@ -51,6 +61,9 @@ def _check_path(config: ml_collections.ConfigDict, path: str) -> None:
         raise ConfigError(f'--config.{path}: {where} is a value, not a group of fields.')
       close = difflib.get_close_matches(key, list(holder.keys()), n=1)
       hint = f"did you mean {'.'.join(walked + close)}? " if close else ''
+      renamed = RENAMED.get(tuple(path.split('.')))
+      if renamed and _has(config, renamed):
+        hint = f"it is {'.'.join(renamed)} now, the study's name for it; "
       raise ConfigError(f'--config.{path}: {where} has no field {key!r}; {hint}'
                         f'its fields: {_field_names(holder)}.')
     holder, walked = holder[key], walked + [key]

@@ -22,6 +22,7 @@ from absl.testing import absltest
 from attention_jax.lab.protocols import encoder_layout
 from attention_jax.lab.report import published
 from attention_jax.lab.report import suite_report
+from attention_jax.lab.config import command_line
 from attention_jax.lab.config import suite_config
 from attention_jax.lab.runs import suite
 from attention_jax.lab.train import suite_programs
@@ -224,6 +225,9 @@ class ConfigTest(chex.TestCase):
     with open(os.path.join(workdir, 'config.json'), 'w') as f:
       json.dump(dict(identity=stored), f)
     suite_config.check_workdir(tiny(), workdir)  # the same config: accepted
+    for old, new in suite_config.RENAMED.items():  # an older flag names today's field
+      with self.assertRaisesRegex(ConfigError, re.escape(f"it is {'.'.join(new)} now")):
+        command_line._check_path(tiny(), '.'.join(old))
     with self.assertRaisesRegex(ConfigError, r'another config \(differing: '
                                 r'positions.max_position, task.train_max_length\)'):
       suite_config.check_workdir(tiny(**{'task.train_max_length': 3,
