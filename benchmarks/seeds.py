@@ -39,7 +39,6 @@ from absl import app
 from absl import flags
 from flax import nnx
 
-from attention_jax.lab.protocols import decoder
 from attention_jax.lab import tasks
 from attention_jax.lab.train import make_optimizer
 from attention_jax.lab.train.step import step_function

@@ -130,7 +130,7 @@ def get_config(arg=None):
   c.train.grad_clip_norm = 1.0  # global-norm clipping before Adam; theirs: 1.0
   # K > 0: each step padded to its length's bucket (the training lengths in K
   # equal ranges) instead of the longest length, and one length per step for
-  # the whole run rather than per seed (attention_jax/lab/train/suite_trainer.py);
+  # the whole run rather than per seed (attention_jax/lab/train/suite_programs.py);
   # 0: theirs, every batch at the longest length's slots.
   c.train.length_buckets = 0
 

@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 import ml_collections
 from absl import flags
 
-from attention_jax.lab.config.suite_config import RENAMED
+from attention_jax.lab.config.renamed import RENAMED
 from attention_jax.lab.errors import ConfigError
 from attention_jax.lab.runs.process import quiet_logs
 from attention_jax.lab.runs.process import usage_exit

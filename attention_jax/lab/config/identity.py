@@ -91,7 +91,7 @@ def _shapes(config_json: str) -> tuple:
   """(path, shape) of every variable of the model `config_json` builds,
   without allocating it."""
   config = ml_collections.ConfigDict(json.loads(config_json))
-  build = lambda: run_record.resolve(config).build_model(0)
+  build = lambda: run_record.build_model_only(config, 0)
   state = nnx.to_pure_dict(nnx.state(nnx.eval_shape(build)))
   leaves = jax.tree_util.tree_flatten_with_path(state)[0]
   return tuple(('/'.join(str(getattr(k, 'key', getattr(k, 'idx', k))) for k in path),

@@ -98,9 +98,21 @@ def resolve(config) -> ResolvedRun:
       eval_max_position=randomized if config.positions.randomized_eval == 'random' else 0,
       longest_sequence=decoder.longest_sequence(config), eval_lengths=lengths,
       bucket_floor=bucket_floor(config, lengths),
-      model_class=Seq2Seq if config.model.kind in ('seq2seq', 'seq2seq_attention')
-      else TransformerLM,
+      model_class=model_class(config),
       model_arguments=types.MappingProxyType(_model_arguments(config, task)))
+
+
+def model_class(config: ml_collections.ConfigDict) -> type:
+  """`TransformerLM` or `Seq2Seq`, as `model.kind` says."""
+  return Seq2Seq if config.model.kind in ('seq2seq', 'seq2seq_attention') else TransformerLM
+
+
+def build_model_only(config: ml_collections.ConfigDict, seed: int) -> nnx.Module:
+  """The model of `config` without the rest of its record: for a stored
+  config whose evaluation settings this version may not take (an older
+  run's), where only the model's shapes are asked (`identity`)."""
+  task = decoder.task_of(config)
+  return model_class(config)(**_model_arguments(config, task), rngs=nnx.Rngs(params=seed))
 
 
 def _model_arguments(config: ml_collections.ConfigDict, task: tasks.DecoderTask) -> dict:

@@ -15,6 +15,7 @@ from flax import nnx
 
 from attention_jax.lab import tasks
 from attention_jax.lab.config.entries import flatten
+from attention_jax.lab.config.renamed import RENAMED
 from attention_jax.lab.errors import ConfigError
 from attention_jax.lab.evaluate import eval_budget
 from attention_jax.lab.protocols import encoder_layout
@@ -33,15 +34,9 @@ _NOT_COMPUTED = (('study', 'tasks'), ('study', 'encodings'), ('study', 'learning
                  ('train', 'max_minutes'), ('train', 'tensorboard'), ('eval', 'cache'))
 
 
-# Fields the suite once named otherwise -> the study's name for the concept
-# (a workdir written before keeps its runs: its identity is read renamed).
-RENAMED = {('train', 'min_length'): ('task', 'train_min_length'),
-           ('train', 'max_length'): ('task', 'train_max_length'),
-           ('model', 'noise_max_length'): ('positions', 'max_position')}
-
-
 def _renamed(stored: dict) -> dict:
-  """A stored identity with `RENAMED`'s older fields under today's names."""
+  """A stored identity with the older fields (`renamed.RENAMED`: the suite
+  once named them otherwise) under today's names."""
   out = json.loads(json.dumps(stored))
   for (group, key), (new_group, new_key) in RENAMED.items():
     if isinstance(out.get(group), dict) and key in out[group]:

@@ -7,12 +7,14 @@ the evaluation then compiles its own program, and the model is restored after.
 """
 
 import contextlib
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Union
 
+import ml_collections
 from flax import nnx
 
 from attention_jax.lab.config import entries
 from attention_jax.lab.config.resolved import ResolvedRun
+from attention_jax.lab.config.resolved import resolve
 from attention_jax.lab import tasks
 from attention_jax.positional.rope import RoPE
 from attention_jax.positional.rope import RopeScaling
@@ -45,11 +47,14 @@ def rope_scaled(model: nnx.Module, scaling: Optional[RopeScaling]) -> Iterator[n
       m.scaling = s
 
 
-def evaluation_variants(run: ResolvedRun) -> list[tuple[str, Optional[RopeScaling]]]:
+def evaluation_variants(run: Union[ResolvedRun, ml_collections.ConfigDict]
+                        ) -> list[tuple[str, Optional[RopeScaling]]]:
   """(label, RoPE scaling) per evaluation of a trained model: the model as
   trained, then, for plain 'rope' models, each of `eval.rope_scalings`
   (label 'rope+METHOD'), with factor `eval.rope_scale_factor` (0: longest
-  evaluated / longest training sequence) and L the longest training sequence."""
+  evaluated / longest training sequence) and L the longest training sequence.
+  `run`: the run's record (`config.resolved`) or its config."""
+  run = resolve(run)
   config = run.config
   variants = [(entries.run_label(config), None)]
   # Not a variant built on RoPE (rnope_swa): its rows would take plain rope's labels.

@@ -1,5 +1,7 @@
-"""Config -> model, and the adapters between the tasks' batch dicts and the
-library's array-in, array-out models.
+"""The decoder protocol: what a config says of its model (the queries
+`config.resolved` turns into a run's record, and validation asks), and the
+adapters between the tasks' batch dicts and the library's array-in,
+array-out models.
 
 The library's models take token arrays; the tasks produce batch dicts in one
 of two layouts (`tasks.LAYOUTS`): 'decoder_only' (`inputs`, `targets`,

@@ -108,7 +108,8 @@ def sorted_sample(key: jax.Array, population: int, count, slots: int, offset: in
   largest drawn value, so they stay valid positions (they sit in padding)."""
   if slots > population:
     raise ValueError(f'cannot draw {slots} distinct values from a range of {population} '
-                     '(noise_max_length must exceed the longest sequence).')
+                     '(positions.max_position, their noise_max_length, must exceed the longest '
+                     'sequence).')
   drawn = jax.random.permutation(key, population)[:slots].astype(jnp.int32)
   keep = jnp.arange(slots) < count
   ordered = jnp.sort(jnp.where(keep, drawn, population))

@@ -152,7 +152,7 @@ def run_suite(config: ml_collections.ConfigDict, workdir: str,
   learning rates; returns None, after one line saying what is missing, when
   settings of other shards are not recorded yet. Sharding, locks, the stop
   and time checks, groups side by side and the outputs' lock are the
-  study's (`runs.runner`)."""
+  runner's (`runs.runner`), as for the decoder study."""
   return runner.run(Suite(config, workdir, progress))
 
 
@@ -164,14 +164,17 @@ class Suite:
                log: Callable[[str], None]):
     validate(config)
     check_workdir(config, workdir)
-    os.makedirs(workdir, exist_ok=True)
-    _write_json(os.path.join(workdir, 'config.json'),
-                dict(identity=identity(config), config=config.to_dict()))
     self.config, self.workdir, self.log = config, workdir, log
     self.found = _recorded(config, workdir, log)  # records by setting
     self.lock = threading.Lock()  # the progress count, from groups side by side
 
   def _missing(self) -> Optional[str]:
+    # Read again: another job of the array may have recorded some meanwhile.
+    for setting in settings(self.config):
+      if setting not in self.found:
+        record = load_record(record_path(self.workdir, *setting), self.log)
+        if record is not None:
+          self.found[setting] = record
     missing = [s for s in settings(self.config) if s not in self.found]
     if not missing:
       return None
@@ -187,7 +190,10 @@ class Suite:
 
   def jobs(self, index: int, count: int) -> list[runner.Job]:
     """This job's groups (`cluster.shard_runs`: dealt round-robin by name)
-    with an unrecorded setting."""
+    with an unrecorded setting; the workdir's config.json written first."""
+    os.makedirs(self.workdir, exist_ok=True)
+    _write_json(os.path.join(self.workdir, 'config.json'),
+                dict(identity=identity(self.config), config=self.config.to_dict()))
     todo = groups(self.config)
     mine = set(cluster.shard_runs([group_name(*g) for g in todo], index, count))
     if count > 1:

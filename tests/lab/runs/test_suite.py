@@ -6,6 +6,7 @@ on CPU."""
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -24,6 +25,7 @@ from attention_jax.lab.report import published
 from attention_jax.lab.report import suite_report
 from attention_jax.lab.config import command_line
 from attention_jax.lab.config import suite_config
+from attention_jax.lab.config.renamed import RENAMED
 from attention_jax.lab.runs import suite
 from attention_jax.lab.train import suite_programs
 from attention_jax.lab.train import suite_trainer
@@ -110,6 +112,20 @@ class SuiteRunTest(chex.TestCase):
     self.assertIn('/ 50.09', summary)
     rows = open(os.path.join(self.workdir, 'results.csv')).read().splitlines()
     self.assertLen(rows, 1 + len(TASKS) * len(ENCODINGS) * 2)
+
+  def test_the_last_job_reads_the_records_other_jobs_made_meanwhile(self):
+    # Jobs of an array that start together: one finds nothing recorded when
+    # it starts, the others record every setting, and it writes the outputs.
+    workdir = tempfile.mkdtemp()
+    lines = []
+    late = suite.Suite(tiny(), workdir, lines.append)
+    self.assertIsNone(late.write_outputs())
+    self.assertIn('settings are not recorded yet', lines[-1])
+    shutil.copytree(os.path.join(self.workdir, 'settings'), os.path.join(workdir, 'settings'))
+    records = late.write_outputs()
+    self.assertEqual([(r['task'], r['encoding']) for r in records],
+                     [(r['task'], r['encoding']) for r in self.records])
+    self.assertTrue(os.path.exists(os.path.join(workdir, 'summary.md')))
 
   def test_progress_names_each_setting(self):
     self.assertTrue(any('parity_check × rope:randomized: score' in line for line in self.lines))
@@ -225,7 +241,7 @@ class ConfigTest(chex.TestCase):
     with open(os.path.join(workdir, 'config.json'), 'w') as f:
       json.dump(dict(identity=stored), f)
     suite_config.check_workdir(tiny(), workdir)  # the same config: accepted
-    for old, new in suite_config.RENAMED.items():  # an older flag names today's field
+    for old, new in RENAMED.items():  # an older flag names today's field
       with self.assertRaisesRegex(ConfigError, re.escape(f"it is {'.'.join(new)} now")):
         command_line._check_path(tiny(), '.'.join(old))
     with self.assertRaisesRegex(ConfigError, r'another config \(differing: '
