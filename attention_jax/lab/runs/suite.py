@@ -165,16 +165,25 @@ class Suite:
     validate(config)
     check_workdir(config, workdir)
     self.config, self.workdir, self.log = config, workdir, log
-    self.found = _recorded(config, workdir, log)  # records by setting
+    self.found = {}  # records by setting
+    self._read(settings(config))
+    if self.found:
+      total = len(settings(config))
+      log(f'{len(self.found)} of {total} settings already recorded in {workdir}; running the '
+          f'other {total - len(self.found)}.')
     self.lock = threading.Lock()  # the progress count, from groups side by side
 
-  def _missing(self) -> Optional[str]:
-    # Read again: another job of the array may have recorded some meanwhile.
-    for setting in settings(self.config):
+  def _read(self, wanted) -> None:
+    """Adds to `found` the records of `wanted` settings not yet in it that
+    are on disk now (another job of the array may have recorded them)."""
+    for setting in wanted:
       if setting not in self.found:
         record = load_record(record_path(self.workdir, *setting), self.log)
         if record is not None:
           self.found[setting] = record
+
+  def _missing(self) -> Optional[str]:
+    self._read(settings(self.config))
     missing = [s for s in settings(self.config) if s not in self.found]
     if not missing:
       return None
@@ -217,11 +226,7 @@ class Suite:
     """One group: records made meanwhile by another job are read first (a
     group waited for), then the rest is trained and recorded."""
     encoding, lr, missing = job.work
-    for name in missing:
-      if (name, encoding, lr) not in self.found:
-        record = load_record(record_path(self.workdir, name, encoding, lr), self.log)
-        if record is not None:
-          self.found[(name, encoding, lr)] = record
+    self._read([(name, encoding, lr) for name in missing])
     missing = [name for name in missing if (name, encoding, lr) not in self.found]
     if not missing:
       return
@@ -258,20 +263,6 @@ class Suite:
     records = [self.found[s] for s in settings(self.config)]
     suite_report.write_outputs(records, self.config, self.workdir)
     return records
-
-
-def _recorded(config, workdir, progress) -> dict:
-  """The records of the config's settings found in `workdir`, by setting."""
-  found = {}
-  for setting in settings(config):
-    record = load_record(record_path(workdir, *setting), progress)
-    if record is not None:
-      found[setting] = record
-  if found:
-    total = len(settings(config))
-    progress(f'{len(found)} of {total} settings already recorded in {workdir}; running the '
-             f'other {total - len(found)}.')
-  return found
 
 
 def _write_json(path: str, payload) -> None:
