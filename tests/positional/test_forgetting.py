@@ -26,6 +26,7 @@ from flax import nnx
 
 import attention_jax as aj
 from attention_jax import positional as pe
+from attention_jax.lab.config import field_checks
 from attention_jax.lab.config import validate
 from attention_jax.lab.protocols.decoder import resolve_options  # the lab's options, defaults filled
 from configs import copy as copy_config
@@ -317,7 +318,7 @@ class FoxErrorsTest(parameterized.TestCase):
     validate.validate_config(config)
     # A DifferenceBias: the chunked kernel serves it.
     config.model.attention_implementation = 'chunked'
-    self.assertIsNone(validate.kernel_refusal(config, 'fox'))
+    self.assertIsNone(field_checks.kernel_refusal(config, 'fox'))
     validate.validate_config(config)
     config.model.encoding_options.fox.weight_std = -1.0
     with self.assertRaisesRegex(validate.ConfigError,

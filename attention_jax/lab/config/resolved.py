@@ -81,8 +81,9 @@ class ResolvedRun:
 def resolve(config) -> ResolvedRun:
   """The record of `config` (one run: `task.name`, `model.kind`,
   `model.encoding`, `train.seed`), or `config` itself if it is one already.
-  A ValueError names a bad value the config's validation would refuse
-  (`config.validate.validate_config` names them all, before any run)."""
+  A ValueError names a bad value of the task's (its options, packing,
+  coupled ids, `eval.tasks`); validation (`config.validate`) resolves every
+  run this way and checks the record before anything runs."""
   if isinstance(config, ResolvedRun):
     return config
   config = decoder.resolve_options(ml_collections.ConfigDict(config.to_dict()))
@@ -135,6 +136,6 @@ def _model_arguments(config: ml_collections.ConfigDict, task: tasks.DecoderTask)
       normalization=decoder.normalization(config),
       encoding_options=decoder.encoding_options(config), **precision,
       encoding_layers=decoder.encoding_layers(config),
-      # Abacus ids: validated against the table before compiling (task_checks).
+      # Abacus ids: validated against the table before compiling (run_checks).
       abacus=dict(digit_tokens=task.digit_tokens, rows=decoder.abacus_embeddings(config),
                   max_k=decoder.abacus_max_k(config), check_ids=False) if abacus else None)

@@ -124,7 +124,10 @@ def evaluation_tasks(config: ml_collections.ConfigDict) -> list:
   for name in tuple(config.eval.get('tasks', ()) or ()):
     if name in [t.name for t in out]:
       continue
-    other = tasks.get_task(name).configure(config.task)
+    try:
+      other = tasks.get_task(name).configure(config.task)
+    except ValueError as e:  # the message names the evaluation task, not the trained one
+      raise ValueError(f'eval.tasks has {name!r}: {e}') from None
     vocab = config.task.vocab_size
     if (other.num_symbols(vocab) != first.num_symbols(vocab)
         or other.sequence_length(config.eval.max_length)
@@ -150,15 +153,20 @@ def abacus_max_k(config: ml_collections.ConfigDict) -> int:
 
 
 def abacus_embeddings(config: ml_collections.ConfigDict) -> int:
-  """Rows of the Abacus table: `model.abacus_embeddings`, or 0 = enough for
-  the longest number evaluated (ids 1 … n) and for every training offset
-  (ids up to the longest trained number + max_k), plus id 0."""
+  """Rows of the Abacus table: `model.abacus_embeddings`, or 0 = enough
+  (`abacus_rows_needed`)."""
   if config.model.get('abacus_embeddings', 0):
     return config.model.abacus_embeddings
-  task = task_of(config)
-  longest = max(task.max_number_length(config.eval.max_length),
-                task.max_number_length(config.task.train_max_length) + abacus_max_k(config))
-  return longest + 1
+  return abacus_rows_needed(task_of(config), config.eval.max_length,
+                            config.task.train_max_length, abacus_max_k(config))
+
+
+def abacus_rows_needed(task, eval_max_length: int, train_max_length: int, max_k: int) -> int:
+  """Abacus rows enough for the longest number evaluated (ids 1 … n) and for
+  every training offset (ids up to the longest trained number + `max_k`),
+  plus id 0."""
+  return 1 + max(task.max_number_length(eval_max_length),
+                 task.max_number_length(train_max_length) + max_k)
 
 
 def task_of(config: ml_collections.ConfigDict):
@@ -202,7 +210,7 @@ _COMMON = frozenset({'d_model', 'num_heads', 'max_positions', 'causal', 'rngs'})
 # The lab's own choice for an option (reason beside it), over the default.
 _LAB_DEFAULTS = {
     # A host callback the lab does not need: validation proves the table
-    # covers every position trained and evaluated (`validate.position_refusal`).
+    # covers every position trained and evaluated (`run_checks`).
     'learned': {'check_positions': False},
 }
 

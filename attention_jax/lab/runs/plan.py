@@ -21,9 +21,9 @@ from attention_jax.lab.config import entries
 from attention_jax.lab.config import identity
 from attention_jax.lab.protocols import decoder
 from attention_jax.lab.errors import ConfigError
+from attention_jax.lab.config.validate import checked_run
 from attention_jax.lab.config.validate import validate_config
 from attention_jax.lab.config.resolved import ResolvedRun
-from attention_jax.lab.config.resolved import resolve
 
 def config_hash(config: ml_collections.ConfigDict, extensions: tuple = ()) -> str:
   """12 hex digits identifying what a run computes: its trained-model and
@@ -146,11 +146,11 @@ def plan_study(config: ml_collections.ConfigDict, workdir: str) -> list[Run]:
     configs = run_configs(config)
   except ValueError as e:
     raise ConfigError(f'invalid config: study.encodings: {e}') from None
-  for c in configs:  # every run's config, checked before anything compiles
-    validate_config(c)
+  # Every run's config checked, and resolved, before anything compiles.
+  records = [checked_run(c) for c in configs]
   places = [place(c) for c in configs]
   dirs = identity.resolve_all([(os.path.join(workdir, p), c) for p, c in zip(places, configs)])
-  return [Run(i, resolve(c), p, d) for i, (c, p, d) in enumerate(zip(configs, places, dirs), 1)]
+  return [Run(i, r, p, d) for i, (r, p, d) in enumerate(zip(records, places, dirs), 1)]
 
 
 def setups(runs: list[Run]) -> list[list[Run]]:

@@ -48,8 +48,7 @@ from attention_jax.lab.train.interrupt import stage
 from attention_jax.lab.train.interrupt import stop_requests
 from attention_jax.lab.train.loop import load_trained
 from attention_jax.lab.train.loop import time_budget
-from attention_jax.lab.config.validate import validate_config
-from attention_jax.lab.config.resolved import resolve
+from attention_jax.lab.config.validate import checked_run
 
 
 OnTrained = Callable[[nnx.Module, ml_collections.ConfigDict, str], None]
@@ -95,8 +94,7 @@ def run_one(config: ml_collections.ConfigDict, workdir: str,
   evaluation config: when it matches, the run is finished) into the run
   directory, atomically. Returns the rows.
   """
-  validate_config(config)
-  run = resolve(config)  # resolved once: every stage below reads the record
+  run = checked_run(config)  # resolved once: every stage below reads the record
   config = run.config
   with stop_requests():
     run_dir = identity.resolve(workdir, config)
