@@ -29,6 +29,7 @@ import numpy as np
 
 from attention_jax.lab import evaluate
 from attention_jax.lab.config import identity
+from attention_jax.lab.config.resolved import ResolvedRun
 from attention_jax.lab.config.resolved import resolve
 from attention_jax.lab.report import results
 from attention_jax.lab import tasks
@@ -43,6 +44,7 @@ from attention_jax.lab.train.interrupt import raise_if_stopped
 from attention_jax.lab.train.interrupt import stop_requests
 from attention_jax.lab.train.loop import load_trained
 from attention_jax.lab.errors import ConfigError
+from attention_jax.lab.config.validate import checked_run
 from attention_jax.lab.config.validate import validate_config
 
 
@@ -107,38 +109,41 @@ def run_diagnostics(config: Optional[ml_collections.ConfigDict], workdir: str, *
   if config is None:
     config = stored_config(workdir)
   if workdirs.kind(workdir) == 'run':
-    validate_config(config)
-    runs, run_dirs = [config], [workdir]
+    runs, run_dirs = [checked_run(config)], [workdir]
     if config.model.kind != 'transformer':
       raise ConfigError(f'{workdir} holds a {config.model.kind} model; attention maps are '
                         'drawn for transformers.')
   else:
     validate_config(config, study=True)
     check_layout(workdir)  # an older workdir: told how to move its runs
-    runs = [c for c in run_configs(config)
-            if c.model.kind == 'transformer' and c.train.seed == config.study.seeds[0]
-            and c.task.name == config.study.tasks[0]]
+    runs = [r for r in _study_runs(config) if r.config.train.seed == config.study.seeds[0]
+            and r.task.name == config.study.tasks[0]]
     if not runs:
       raise ConfigError(f'{workdir}: study.models={tuple(config.study.models)} has no '
                         'transformer to draw attention maps of.')
-    run_dirs = [_trained_run(c, workdir) for c in runs]
-  seed = runs[0].train.seed
+    run_dirs = [_trained_run(r.config, workdir) for r in runs]
+  seed = runs[0].config.train.seed
   train_max = config.task.train_max_length
   long = min(4 * train_max, config.eval.max_length)
-  task = tasks.get_task(runs[0].task.name)
+  task = runs[0].task
   train_tokens = tasks.tokens_read(task, train_max)
   curves = {}
   with stop_requests():
-    for c, run_dir in zip(runs, run_dirs):
+    for run, run_dir in zip(runs, run_dirs):
       raise_if_stopped('while drawing the attention maps (nothing to resume: run it again)')
-      curves[run_label(c)] = _draw(c, load_trained(c, run_dir), workdir, task, train_max,
-                                   long, num_examples, log)
+      curves[run_label(run.config)] = _draw(run, load_trained(run, run_dir), workdir,
+                                            train_max, long, num_examples, log)
     _failures(config, workdir, runs, run_dirs, log)
   plot_entropy(curves, os.path.join(workdir, 'attention_entropy.png'),
                train_tokens=train_tokens,
                title=f'{task.name}: attention entropy at input length {long} '
                      f'(trained on 1–{train_max}), seed {seed}')
   return curves
+
+
+def _study_runs(config: ml_collections.ConfigDict) -> list[ResolvedRun]:
+  """The record of every transformer run of the study `config`, in sweep order."""
+  return [resolve(c) for c in run_configs(config) if c.model.kind == 'transformer']
 
 
 def _failures(config, workdir, runs, run_dirs, log) -> list[dict]:
@@ -148,15 +153,17 @@ def _failures(config, workdir, runs, run_dirs, log) -> list[dict]:
   lengths = [n for n in [train_max] + [m * train_max for m in results.MULTIPLES]
              if n <= config.eval.max_length]
   rows = []
-  for c, run_dir in zip(runs, run_dirs):
-    seeds = [c] if workdirs.kind(workdir) == 'run' else [
-        s for s in run_configs(config) if s.task.name == c.task.name
-        and s.model.kind == c.model.kind and run_label(s) == run_label(c)]
+  everyone = [] if workdirs.kind(workdir) == 'run' else _study_runs(config)
+  for run, run_dir in zip(runs, run_dirs):
+    label = run_label(run.config)
+    seeds = [run] if not everyone else [
+        s for s in everyone if s.task.name == run.task.name and run_label(s.config) == label]
     for s in seeds:
       raise_if_stopped('while sorting the failures (nothing to resume: run it again)')
-      directory = run_dir if s is c else _trained_run(s, workdir)
+      seed = s.config.train.seed
+      directory = run_dir if seed == run.config.train.seed else _trained_run(s.config, workdir)
       for row in evaluate.failure_rows(load_trained(s, directory), s, lengths):
-        rows.append(dict(task=s.task.name, encoding=run_label(s), seed=s.train.seed, **row))
+        rows.append(dict(task=s.task.name, encoding=label, seed=seed, **row))
   results.write_failures(os.path.join(workdir, 'failures.csv'), rows)
   path = os.path.join(workdir, 'failures.md')
   results.write_text(path, results.failures_markdown(rows, train_max))
@@ -164,9 +171,10 @@ def _failures(config, workdir, runs, run_dirs, log) -> list[dict]:
   return rows
 
 
-def _draw(c, model, workdir, task, train_max, long, num_examples, log) -> np.ndarray:
-  """One encoding's attention maps; returns its entropy curve at `long`."""
-  label, run = run_label(c), resolve(c)
+def _draw(run, model, workdir, train_max, long, num_examples, log) -> np.ndarray:
+  """One encoding's attention maps (`run`: its record); returns its entropy
+  curve at `long`."""
+  c, label = run.config, run_label(run.config)
   batches = {n: evaluate.copy_examples(run.task, n, num_examples, vocab_size=c.task.vocab_size,
                                        seed=c.eval.seed, max_position=run.eval_max_position,
                                        draw=c.positions.draw)
@@ -179,7 +187,7 @@ def _draw(c, model, workdir, task, train_max, long, num_examples, log) -> np.nda
   path = maps_path(workdir, label)
   plot_attention_maps(panels, path, tokens)
   curve = evaluate.entropy_by_position(model, batches[long])
-  train_tokens = tasks.tokens_read(task, train_max)
+  train_tokens = tasks.tokens_read(run.task, train_max)
   log(f'{label}: {path}; mean entropy past the training length '
       f'{curve[train_tokens:].mean():.2f} nats')
   return curve

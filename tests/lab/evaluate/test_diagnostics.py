@@ -1,5 +1,6 @@
 """Attention entropy and the diagnostics figures."""
 
+import csv
 import os
 import tempfile
 
@@ -31,6 +32,7 @@ class DiagnosticsTest(absltest.TestCase):
   def test_tiny_study_figures(self):
     c = copy_config.get_config('scale=tiny')
     c.study.encodings = ('alibi', 'rope:randomized')
+    c.study.seeds = (0, 1)
     workdir = tempfile.mkdtemp()
     for run in run_configs(c):  # the study's models (diagnostics never train)
       train(run, os.path.join(workdir, place(run)), progress=False)
@@ -40,6 +42,12 @@ class DiagnosticsTest(absltest.TestCase):
     for name in ('attention_entropy.png', 'attention_maps_alibi.png',
                  'attention_maps_rope_randomized.png'):
       self.assertGreater(os.path.getsize(os.path.join(workdir, name)), 0, name)
+    # The maps are the first seed's; the failures every seed's.
+    with open(os.path.join(workdir, 'failures.csv')) as f:
+      rows = list(csv.DictReader(f))
+    self.assertEqual(sorted({(r['encoding'], r['seed']) for r in rows}),
+                     [('alibi', '0'), ('alibi', '1'), ('rope:randomized', '0'),
+                      ('rope:randomized', '1')])
     # Restored from the final checkpoints: the same curves every time.
     again = run_diagnostics(c, workdir, num_examples=4, log=lambda _: None)
     np.testing.assert_allclose(again['alibi'], curves['alibi'])

@@ -208,7 +208,7 @@ class WorkdirIdentityTest(absltest.TestCase):
     # Drawing (eager, slow) is tests/lab/evaluate/test_diagnostics.py's; here: which model is drawn.
     with mock.patch('attention_jax.lab.runs.diagnose._draw', return_value=np.zeros(12)) as draw:
       run_diagnostics(_config(), workdir, num_examples=2, log=lambda _: None)
-    self.assertEqual(draw.call_args.args[0].train.seed, 0)
+    self.assertEqual(draw.call_args.args[0].config.train.seed, 0)
     self.assertEqual(_read(os.path.join(seed0, 'metrics.jsonl')), metrics)
     self.assertEqual(_checkpoints(seed0), checkpoints)
     with self.assertRaisesRegex(ConfigError, 'seed7 holds no trained run'):
