@@ -41,7 +41,7 @@ from absl import app
 from absl import flags
 from flax import nnx
 
-from attention_jax.lab.protocols import decoder
+from attention_jax.lab.config import facts
 from attention_jax.lab import tasks
 from attention_jax.lab.runs.study import run_study
 from attention_jax.lab.train import make_optimizer
@@ -100,7 +100,7 @@ def throughput_rows() -> list[dict]:
   steps = _CALLS.value * STEPS_PER_CALL
   for label, pack_segments, batch_size in THROUGHPUT:
     config = _config(pack_segments, batch_size)
-    task = decoder.configured_task(config)
+    task = facts.configured_task(config)
     model = resolve(config).build_model(0)
     graphdef, state = nnx.split((model, nnx.Optimizer(model, make_optimizer(config.train),
                                                       wrt=nnx.Param)))

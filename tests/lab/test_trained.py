@@ -18,6 +18,7 @@ import numpy as np
 from absl.testing import absltest
 from absl.testing import parameterized
 
+from attention_jax.lab.config import facts
 from attention_jax.lab.protocols import decoder
 from attention_jax.lab import tasks
 from attention_jax.lab import trained
@@ -28,9 +29,9 @@ from configs import copy as copy_config
 
 
 def _run(config) -> trained.Trained:
-  config = decoder.resolve_options(config)
+  config = facts.resolve_options(config)
   return trained.Trained(model=resolve(config).build_model(0), config=config,
-                         task=decoder.configured_task(config), run_dir='untrained')
+                         task=facts.configured_task(config), run_dir='untrained')
 
 
 def _drawn(run, key, lengths):

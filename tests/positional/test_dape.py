@@ -24,7 +24,7 @@ from flax import nnx
 import attention_jax as aj
 from attention_jax import positional as pe
 from attention_jax.lab.config import validate
-from attention_jax.lab.protocols.decoder import resolve_options  # the lab's options, defaults filled
+from attention_jax.lab.config.facts import resolve_options  # the lab's options, defaults filled
 from configs import copy as copy_config
 
 # ---------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 from attention_jax import positional as pe
 from attention_jax.positional.p_rope import rotated_pairs
-from attention_jax.lab.protocols import decoder
+from attention_jax.lab.config import facts
 from configs import copy as copy_config
 
 # ---------------------------------------------------------------------------
@@ -163,7 +163,7 @@ class PRoPELimitsAndDtypesTest(chex.TestCase, parameterized.TestCase):
       pe.make_encoding('p_rope', **kw)
 
   def test_p_rope_config_group_is_the_default_encoding(self):
-    options = decoder.encoding_options(copy_config.get_config('encoding=p_rope'))  # build's defaults
+    options = facts.encoding_options(copy_config.get_config('encoding=p_rope'))  # build's defaults
     self.assertEqual(dict(options), dict(p=0.75, base=10000.0))
     enc = pe.make_encoding('p_rope', d_model=64, num_heads=4, **options)
     self.assertEqual((enc.p, enc.base, enc.num_rotated), (0.75, 10000.0, 6))  # head_dim 16

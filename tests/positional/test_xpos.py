@@ -12,7 +12,7 @@ from flax import nnx
 
 import attention_jax as aj
 from attention_jax import positional as pe
-from attention_jax.lab.protocols import decoder
+from attention_jax.lab.config import facts
 from configs import copy as copy_config
 
 # ---------------------------------------------------------------------------
@@ -292,7 +292,7 @@ class XPosPropertiesTest(chex.TestCase, parameterized.TestCase):
       aj.MultiHeadAttention(16, 2, encoding=built, causal=False, rngs=nnx.Rngs(0))
 
   def test_xpos_config_group_is_the_default_encoding(self):
-    options = decoder.encoding_options(copy_config.get_config('encoding=xpos'))  # build's defaults
+    options = facts.encoding_options(copy_config.get_config('encoding=xpos'))  # build's defaults
     self.assertEqual(dict(options), dict(base=10000.0, scale_base=512.0, centre=0))
     enc = pe.make_encoding('xpos', d_model=64, num_heads=4, **options)
     self.assertEqual((enc.base, enc.scale_base, enc.centre, enc.head_dim),

@@ -9,6 +9,7 @@ config of its runs, `validate` refuses a bad config early, naming the field
 which fields make a run what it is (a workdir holds one config's runs);
 `suite_config` is all of that for DeepMind's suite, and `renamed` maps the
 fields renamed since a workdir was written to today's.
+`facts` derives what a config implies, one fact per function, and
 `resolved` turns one run's validated config into the frozen record every
 later stage reads (its task object, position ranges, the lengths
 `eval_lengths` lists, model arguments), derived once.

@@ -27,8 +27,8 @@ from attention_jax.lab.config.encoding_probe import probe_encoding
 from attention_jax.lab.config.entries import entry_config
 from attention_jax.lab.config.entries import variants
 from attention_jax.lab.errors import ConfigError
-from attention_jax.lab.protocols import decoder
-from attention_jax.lab.protocols.decoder import MODEL_KINDS
+from attention_jax.lab.config import facts
+from attention_jax.lab.config.facts import MODEL_KINDS
 from attention_jax.lab.runs.cluster import check_shard
 from attention_jax.lab.train import mesh as train_mesh
 from attention_jax.nn.additive import SCORES
@@ -237,7 +237,7 @@ def check_fields(config: ml_collections.ConfigDict, *, study: bool = False) -> N
   _require(isinstance(config.study.get('report_only', False), bool),
            f"study.report_only={config.study.get('report_only')!r} must be True or False.")
   _check_positive(config.study, [k for k in ('parallel_setups',) if k in config.study], 'study')
-  _config_check(decoder.precision, config)  # model.dtype, model.param_dtype
+  _config_check(facts.precision, config)  # model.dtype, model.param_dtype
   sharded = [k for k in kinds if k != 'transformer']
   _require(tr.get('mesh', 'data') == 'data' or not sharded,
            f"train.mesh={tr.get('mesh')!r} shards the transformer's named parameter axes; "
@@ -258,7 +258,7 @@ def check_fields(config: ml_collections.ConfigDict, *, study: bool = False) -> N
   _check_encoding_options(m)
   _check_normalization(m)  # before kernel_refusal, which asks the table about it
   for c in asked:
-    refusal = kernel_refusal(c, c.model.encoding) or decoder.layer_refusal(c)
+    refusal = kernel_refusal(c, c.model.encoding) or facts.layer_refusal(c)
     _require(refusal is None, refusal)
   encodings = {name for name, _ in parsed}
   _require(m.num_kv_heads >= 0 and (m.num_kv_heads == 0 or m.num_heads % m.num_kv_heads == 0),

@@ -32,7 +32,7 @@ import jax
 import ml_collections
 from flax import nnx
 
-from attention_jax.lab.protocols import decoder
+from attention_jax.lab.config import facts
 from attention_jax.lab.config.entries import flatten
 from attention_jax.lab.report import results
 from attention_jax.lab.errors import ConfigError
@@ -178,7 +178,7 @@ def differences(stored: ml_collections.ConfigDict, config: ml_collections.Config
   that differs."""
   # Options a config leaves to the encoding's defaults count as those values
   # (an older config.json lists fewer).
-  old, new = (trained_fields(decoder.resolve_options(c)) for c in (stored, config))
+  old, new = (trained_fields(facts.resolve_options(c)) for c in (stored, config))
   for key, value in ADDED_LATER.items():
     old.setdefault(key, value)
     new.setdefault(key, value)

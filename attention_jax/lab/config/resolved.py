@@ -13,7 +13,7 @@ it from the record instead of deriving it again from the config:
     run.task, run.evaluation_tasks, run.eval_max_position, run.eval_lengths
 
 `run.config` is the completed config (every option of the encoding's
-`build` filled in, `protocols.decoder.resolve_options`): what the run's
+`build` filled in, `facts.resolve_options`): what the run's
 config.json and hash record. Plain fields (`train.learning_rate`,
 `eval.batch_size`) are read from it as they are; nothing derived is.
 """
@@ -28,7 +28,7 @@ from flax import nnx
 from attention_jax.lab import tasks
 from attention_jax.lab.config.eval_lengths import bucket_floor
 from attention_jax.lab.config.eval_lengths import eval_lengths
-from attention_jax.lab.protocols import decoder
+from attention_jax.lab.config import facts
 from attention_jax.nn.seq2seq import Seq2Seq
 from attention_jax.nn.transformer import TransformerLM
 
@@ -86,18 +86,18 @@ def resolve(config) -> ResolvedRun:
   run this way and checks the record before anything runs."""
   if isinstance(config, ResolvedRun):
     return config
-  config = decoder.resolve_options(ml_collections.ConfigDict(config.to_dict()))
-  task = decoder.configured_task(config)
-  randomized = decoder.randomized_max_position(config)
+  config = facts.resolve_options(ml_collections.ConfigDict(config.to_dict()))
+  task = facts.configured_task(config)
+  randomized = facts.randomized_max_position(config)
   lengths = tuple(eval_lengths(config))
   return ResolvedRun(
       config=config, task=task, training_task=task.for_training(config.task),
-      evaluation_tasks=tuple(decoder.evaluation_tasks(config)),
-      encoding=decoder.encoding_name(config) if config.model.kind == 'transformer' else '',
+      evaluation_tasks=tuple(facts.evaluation_tasks(config)),
+      encoding=facts.encoding_name(config) if config.model.kind == 'transformer' else '',
       randomized_max_position=randomized,
       coupled_max_position=task.coupled_max_position,
       eval_max_position=randomized if config.positions.randomized_eval == 'random' else 0,
-      longest_sequence=decoder.longest_sequence(config), eval_lengths=lengths,
+      longest_sequence=facts.longest_sequence(config), eval_lengths=lengths,
       bucket_floor=bucket_floor(config, lengths),
       model_class=model_class(config),
       model_arguments=types.MappingProxyType(_model_arguments(config, task)))
@@ -112,7 +112,7 @@ def build_model_only(config: ml_collections.ConfigDict, seed: int) -> nnx.Module
   """The model of `config` without the rest of its record: for a stored
   config whose evaluation settings this version may not take (an older
   run's), where only the model's shapes are asked (`identity`)."""
-  task = decoder.task_of(config)
+  task = facts.task_of(config)
   return model_class(config)(**_model_arguments(config, task), rngs=nnx.Rngs(params=seed))
 
 
@@ -120,22 +120,22 @@ def _model_arguments(config: ml_collections.ConfigDict, task: tasks.DecoderTask)
   """The keywords `config.model.kind`'s class is built with, but `rngs`."""
   m = config.model
   vocab_size = task.num_symbols(config.task.vocab_size) + tasks.NUM_SPECIAL
-  precision = decoder.precision(config)
+  precision = facts.precision(config)
   if m.kind in ('seq2seq', 'seq2seq_attention'):
     return dict(vocab_size=vocab_size, embed_dim=m.d_model, hidden_dim=m.rnn_hidden_dim,
                 attention=m.kind == 'seq2seq_attention', start_token=tasks.BOS,
                 bidirectional=m.bidirectional, score=m.attention_score, **precision)
-  abacus = decoder.uses_abacus(config)
+  abacus = facts.uses_abacus(config)
   return dict(
       vocab_size=vocab_size, d_model=m.d_model, num_heads=m.num_heads,
-      num_layers=m.num_layers, mlp_dim=m.mlp_dim, encoding=decoder.encoding_name(config),
-      max_positions=decoder.model_max_positions(config),
+      num_layers=m.num_layers, mlp_dim=m.mlp_dim, encoding=facts.encoding_name(config),
+      max_positions=facts.model_max_positions(config),
       num_kv_heads=m.num_kv_heads or None, sliding_window=m.sliding_window or None,
       implementation=m.attention_implementation,
       scalable_softmax=m.scalable_softmax or None,
-      normalization=decoder.normalization(config),
-      encoding_options=decoder.encoding_options(config), **precision,
-      encoding_layers=decoder.encoding_layers(config),
+      normalization=facts.normalization(config),
+      encoding_options=facts.encoding_options(config), **precision,
+      encoding_layers=facts.encoding_layers(config),
       # Abacus ids: validated against the table before compiling (run_checks).
-      abacus=dict(digit_tokens=task.digit_tokens, rows=decoder.abacus_embeddings(config),
-                  max_k=decoder.abacus_max_k(config), check_ids=False) if abacus else None)
+      abacus=dict(digit_tokens=task.digit_tokens, rows=facts.abacus_embeddings(config),
+                  max_k=facts.abacus_max_k(config), check_ids=False) if abacus else None)

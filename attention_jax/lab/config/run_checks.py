@@ -14,7 +14,7 @@ from typing import Optional
 
 from attention_jax.lab.config.encoding_probe import probe_encoding
 from attention_jax.lab.config.resolved import ResolvedRun
-from attention_jax.lab.protocols import decoder
+from attention_jax.lab.config import facts
 
 
 def refusal(run: ResolvedRun) -> Optional[str]:
@@ -85,7 +85,7 @@ def _abacus_refusal(run: ResolvedRun) -> Optional[str]:
     return (f'{_label(run)!r}: Abacus embeddings count runs of consecutive '
             'digits, and index hints (task.index_hints) put a marker between every two, '
             'so every digit would be 1; use one or the other.')
-  needed = decoder.abacus_rows_needed(task, c.eval.max_length, c.task.train_max_length,
+  needed = facts.abacus_rows_needed(task, c.eval.max_length, c.task.train_max_length,
                                       abacus['max_k'])
   if abacus['rows'] < needed:
     return (f'model.abacus_embeddings={abacus["rows"]} is too small: numbers of up '

@@ -36,7 +36,7 @@ import ml_collections
 from attention_jax.lab import tasks
 from attention_jax.lab.errors import ConfigError
 from attention_jax.lab.config.eval_lengths import eval_lengths
-from attention_jax.lab.protocols.decoder import task_of
+from attention_jax.lab.config.facts import task_of
 
 # About a week at a sustained 1e12 FLOP/s (a CPU far above ours; a small
 # fraction of an accelerator's peak): beyond it an evaluation is not a run.

@@ -19,7 +19,7 @@ import ml_collections
 
 from attention_jax.lab.config import entries
 from attention_jax.lab.config import identity
-from attention_jax.lab.protocols import decoder
+from attention_jax.lab.config import facts
 from attention_jax.lab.errors import ConfigError
 from attention_jax.lab.config.validate import checked_run
 from attention_jax.lab.config.validate import validate_config
@@ -120,7 +120,7 @@ def run_configs(config: ml_collections.ConfigDict) -> list[ml_collections.Config
         for seed in config.study.seeds:
           c = entries.entry_config(config, entry)
           c.task.name, c.model.kind, c.train.seed = task, kind, seed
-          out.append(decoder.resolve_options(c))
+          out.append(facts.resolve_options(c))
   return out
 
 

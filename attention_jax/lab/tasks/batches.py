@@ -18,8 +18,8 @@ real token and so is never attended by one; it only has to be kept out of the
 loss, which `loss_mask` does.
 
 Three options ride on the task (set from a config by
-`lab.protocols.decoder.configured_task`): `pack`, examples packed per training sequence
-(`packing.py`, examples seeing each other; evaluation stays one per
+`lab.config.facts.configured_task`): `pack`, examples packed per training
+sequence (`packing.py`, examples seeing each other; evaluation stays one per
 sequence), `pack_segments`, rows packed with examples that each see only
 themselves (`packed_rows.py`: segment ids, padding removed), and
 `coupled_max_position`, position coupling (`coupling.py`): the batches then

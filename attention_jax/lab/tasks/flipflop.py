@@ -25,7 +25,7 @@ The task's length is its number of instructions n (2n + 1 tokens with BOS).
 Three tasks share the layout and differ in p_ignore: 'flipflop' (0.8, the
 training distribution), 'flipflop_sparse' (0.98) and 'flipflop_dense'
 (0.1); a study trains on 'flipflop' and scores the same models on the other
-two (`eval.tasks`, `lab.protocols.decoder.evaluation_tasks`), each row under its task's
+two (`eval.tasks`, `lab.config.facts.evaluation_tasks`), each row under its task's
 name. `task.p_ignore` sets the training distribution of the task a config
 names.
 """

@@ -18,7 +18,7 @@ from absl.testing import parameterized
 from flax import nnx
 
 from attention_jax.lab.evaluate import eval_budget
-from attention_jax.lab.protocols import decoder
+from attention_jax.lab.config import facts
 from attention_jax.lab import tasks
 from attention_jax.lab import trained
 from attention_jax.lab.errors import ConfigError
@@ -85,9 +85,9 @@ class AbacusRangeTest(absltest.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    c = decoder.resolve_options(addition_config.get_config('scale=tiny,encoding=fire:abacus'))
+    c = facts.resolve_options(addition_config.get_config('scale=tiny,encoding=fire:abacus'))
     cls.abacus_run = trained.Trained(model=resolve(c).build_model(0), config=c,
-                              task=decoder.configured_task(c), run_dir='untrained')
+                              task=facts.configured_task(c), run_dir='untrained')
     cls.rows = cls.abacus_run.model.abacus.rows
 
   def test_ids_past_the_table_under_jit_are_an_error_not_pad(self):

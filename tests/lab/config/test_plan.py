@@ -12,7 +12,7 @@ from absl.testing import parameterized
 
 from attention_jax.lab.config import entries
 from attention_jax.lab.config import identity
-from attention_jax.lab.protocols import decoder
+from attention_jax.lab.config import facts
 from attention_jax.lab.runs import plan
 from attention_jax.lab.errors import ConfigError
 from attention_jax.lab.config.validate import validate_config
@@ -101,17 +101,17 @@ class ResolvedOptionsTest(chex.TestCase):
   def test_options_not_set_take_the_build_defaults(self):
     c = copy_config.get_config('scale=tiny,encoding=fire')
     self.assertNotIn('fire', c.model.encoding_options)  # the config lists choices only
-    resolved = decoder.resolve_options(c)
+    resolved = facts.resolve_options(c)
     self.assertEqual(resolved.model.encoding_options.fire.to_dict(),
                      dict(mlp_width=32, init_c=0.1, init_threshold=512.0, eps=1e-6))
     c.model.encoding_options.fire = dict(mlp_width=8)
-    self.assertEqual(decoder.resolve_options(c).model.encoding_options.fire.mlp_width, 8)
+    self.assertEqual(facts.resolve_options(c).model.encoding_options.fire.mlp_width, 8)
     # The lab's own default beside the library's: no host callback for the table.
-    learned = decoder.resolve_options(copy_config.get_config('scale=tiny,encoding=learned'))
+    learned = facts.resolve_options(copy_config.get_config('scale=tiny,encoding=learned'))
     self.assertFalse(learned.model.encoding_options.learned.check_positions)
 
   def test_an_older_config_listing_defaults_is_the_same_run(self):
-    c = decoder.resolve_options(copy_config.get_config('scale=tiny,encoding=fire'))
+    c = facts.resolve_options(copy_config.get_config('scale=tiny,encoding=fire'))
     older = copy_config.get_config('scale=tiny,encoding=fire')  # no fire group at all
     self.assertEqual(identity.differences(older, c), [])
     c.model.encoding_options.fire.mlp_width = 64

@@ -13,7 +13,7 @@ from absl.testing import parameterized
 from flax import nnx
 
 from attention_jax.lab.config.resolved import resolve
-from attention_jax.lab.protocols import decoder
+from attention_jax.lab.config import facts
 from attention_jax.lab.runs import plan
 from attention_jax.lab import train
 from attention_jax.lab.evaluate import hard
@@ -52,15 +52,15 @@ class ResolvedRunTest(parameterized.TestCase):
   def test_record_facts_equal_the_configs(self, make):
     c = _one_run(make())
     run = resolve(c)
-    self.assertEqual(run.task, decoder.configured_task(c))
-    self.assertEqual(run.training_task, decoder.training_task(c))
-    self.assertEqual(run.evaluation_tasks, tuple(decoder.evaluation_tasks(c)))
-    self.assertEqual(run.randomized_max_position, decoder.randomized_max_position(c))
-    self.assertEqual(run.coupled_max_position, decoder.coupled_max_position(c))
+    self.assertEqual(run.task, facts.configured_task(c))
+    self.assertEqual(run.training_task, facts.training_task(c))
+    self.assertEqual(run.evaluation_tasks, tuple(facts.evaluation_tasks(c)))
+    self.assertEqual(run.randomized_max_position, facts.randomized_max_position(c))
+    self.assertEqual(run.coupled_max_position, facts.coupled_max_position(c))
     self.assertEqual(run.eval_max_position, run.randomized_max_position
                      if c.positions.randomized_eval == 'random' else 0)
     self.assertEqual(list(run.eval_lengths), sorted(run.eval_lengths))
-    self.assertEqual(run.config.to_dict(), decoder.resolve_options(c).to_dict())
+    self.assertEqual(run.config.to_dict(), facts.resolve_options(c).to_dict())
     model = run.build_model(0)
     self.assertIsInstance(model, Seq2Seq if c.model.kind != 'transformer' else TransformerLM)
     # The same seed, the same parameters: the record builds what it says.
@@ -97,7 +97,7 @@ class ResolvedRunTest(parameterized.TestCase):
       raise AssertionError('derived from the config again, past its record')
 
     with tempfile.TemporaryDirectory() as workdir, \
-        mock.patch.multiple(decoder, **{name: refused for name in derived}):
+        mock.patch.multiple(facts, **{name: refused for name in derived}):
       model, _ = train.train(run, progress=False)
       rows, _ = study._evaluate([model], [run], Stopwatch(), [workdir])
       hard_rows = hard.config_rows([model], [run])

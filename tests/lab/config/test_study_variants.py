@@ -8,7 +8,7 @@ import chex
 from absl.testing import absltest
 import pytest
 
-from attention_jax.lab.protocols import decoder
+from attention_jax.lab.config import facts
 from attention_jax.lab.runs.plan import place
 from attention_jax.lab.runs.plan import run_configs
 from attention_jax.lab.config.entries import run_label
@@ -63,7 +63,7 @@ class StudyVariantsTest(chex.TestCase):
     default = copy_config.get_config()
     self.assertIn('mta_lookup', default.study.encodings)
     run = next(r for r in run_configs(default) if run_label(r) == 'mta_lookup')
-    one = decoder.resolve_options(copy_config.get_config('encoding=mta_lookup'))
+    one = facts.resolve_options(copy_config.get_config('encoding=mta_lookup'))
     self.assertEqual(run.model.to_dict(), one.model.to_dict())  # the same model either way
     self.assertEqual(run.train.to_dict(), one.train.to_dict())
     self.assertEqual((run.model.encoding_options.mta.pad_key, run.model.num_layers), ('left', 1))

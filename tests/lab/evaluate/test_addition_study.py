@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from absl.testing import absltest
 
-from attention_jax.lab.protocols import decoder
+from attention_jax.lab.config import facts
 from attention_jax.lab.report import plots
 from attention_jax.lab.evaluate import grid
 from attention_jax.lab.runs.study import run_study
@@ -32,7 +32,7 @@ class GridTest(chex.TestCase):
 
   def test_addition_grid_rows_per_cell_and_model(self):
     c = _config()
-    task = decoder.configured_task(c)
+    task = facts.configured_task(c)
     trained = [resolve(c).build_model(seed) for seed in (0, 1)]
     rows = grid.evaluate_grid(trained, task, (1, 2, 6), train_max=3, num_samples=4,
                               vocab_size=10, batch_size=4)

@@ -133,13 +133,13 @@ class AdditionTest(chex.TestCase, parameterized.TestCase):
     self.assertBetween(nines[0.5], 0.28, 0.38)
 
   def test_addition_carry_mix_is_trained_never_evaluated(self):
-    from attention_jax.lab.protocols import decoder  # pylint: disable=import-outside-toplevel
+    from attention_jax.lab.config import facts  # pylint: disable=import-outside-toplevel
     c = _config('scale=tiny,encoding=windowed_rope:coupled:carry')
     from attention_jax.lab.runs import plan  # pylint: disable=import-outside-toplevel
     (run,) = plan.run_configs(c)
-    self.assertEqual(decoder.training_task(run).carry_mix, 0.25)
-    self.assertEqual([t.carry_mix for t in decoder.evaluation_tasks(run)], [0.0])
-    self.assertEqual(decoder.configured_task(run).carry_mix, 0.0)
+    self.assertEqual(facts.training_task(run).carry_mix, 0.25)
+    self.assertEqual([t.carry_mix for t in facts.evaluation_tasks(run)], [0.0])
+    self.assertEqual(facts.configured_task(run).carry_mix, 0.0)
 
   def test_addition_matches_mcleish_bucket_entries(self):
     _, tokens = _rows(ADD, ADD.sample_lengths(jax.random.key(2), 64, 1, 9), 9)

@@ -13,7 +13,7 @@ import pytest
 from absl.testing import absltest
 from absl.testing import parameterized
 
-from attention_jax.lab.protocols import decoder
+from attention_jax.lab.config import facts
 from attention_jax.lab.report import results
 from attention_jax.lab import tasks
 from attention_jax.lab.config import validate
@@ -75,7 +75,7 @@ class FlipFlopTaskTest(chex.TestCase, parameterized.TestCase):
     self.assertAlmostEqual(share(flipflop.READ), (1 - p_ignore) / 2, delta=0.01)
 
   def test_batches_score_only_the_read_bits(self):
-    task = decoder.configured_task(flipflop_config.get_config('scale=tiny'))
+    task = facts.configured_task(flipflop_config.get_config('scale=tiny'))
     batch = tasks.make_batch(task, jax.random.key(3), jnp.asarray([6, 2]), vocab_size=2,
                              max_input_length=6)
     mask, inputs, targets = map(np.asarray, (batch['loss_mask'], batch['inputs'],
@@ -117,7 +117,7 @@ class FlipFlopTaskTest(chex.TestCase, parameterized.TestCase):
   def test_the_trained_distribution_is_the_configs_and_siblings_keep_theirs(self):
     c = flipflop_config.get_config('scale=tiny')
     c.task.p_ignore = 0.5
-    found = {t.name: t.p_ignore for t in decoder.evaluation_tasks(c)}
+    found = {t.name: t.p_ignore for t in facts.evaluation_tasks(c)}
     self.assertEqual(found, {'flipflop': 0.5, 'flipflop_sparse': 0.98, 'flipflop_dense': 0.1})
 
   def test_one_runs_table_has_a_block_per_task_scored(self):

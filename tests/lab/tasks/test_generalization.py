@@ -5,7 +5,6 @@ import dataclasses
 import chex
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from absl.testing import absltest
 import pytest
@@ -13,7 +12,7 @@ from absl.testing import parameterized
 from flax import nnx
 
 import attention_jax as aj
-from attention_jax.lab.protocols import decoder
+from attention_jax.lab.config import facts
 from attention_jax.lab import tasks
 from attention_jax.nn.decoding import greedy_predictions
 from attention_jax.lab.config.resolved import resolve
@@ -214,18 +213,18 @@ class CouplingTest(parameterized.TestCase):
   def test_config_helpers(self):
     from configs import copy as copy_config
     c = copy_config.get_config('encoding=learned:coupled')
-    self.assertTrue(decoder.is_coupled(c))
-    self.assertEqual(decoder.coupled_max_position(c), c.eval.max_length + 3)
-    self.assertGreaterEqual(decoder.model_max_positions(c), decoder.coupled_max_position(c))
-    self.assertEqual(decoder.configured_task(c).coupled_max_position, 67)
+    self.assertTrue(facts.is_coupled(c))
+    self.assertEqual(facts.coupled_max_position(c), c.eval.max_length + 3)
+    self.assertGreaterEqual(facts.model_max_positions(c), facts.coupled_max_position(c))
+    self.assertEqual(facts.configured_task(c).coupled_max_position, 67)
     c.positions.max_position = 40
     with self.assertRaisesRegex(ValueError, 'max_position=40 is below max_input_length'):
-      decoder.configured_task(c)
+      facts.configured_task(c)
     c = copy_config.get_config('encoding=alibi')
-    self.assertFalse(decoder.is_coupled(c))
+    self.assertFalse(facts.is_coupled(c))
     c.task.pack = 0
     with self.assertRaisesRegex(ValueError, r'task.pack=0 must be an integer >= 1'):
-      decoder.configured_task(c)
+      facts.configured_task(c)
 
 
 class PackingTest(parameterized.TestCase):
@@ -380,8 +379,8 @@ class WindowedRoPETest(chex.TestCase, parameterized.TestCase):
     from configs import copy as copy_config
     c = copy_config.get_config('study=generalize')
     self.assertEqual(c.model.encoding, 'windowed_rope:coupled')
-    self.assertTrue(decoder.is_coupled(c))
-    self.assertEqual(decoder.encoding_options(c), dict(windows=(), window=2, base=10000.0,
+    self.assertTrue(facts.is_coupled(c))
+    self.assertEqual(facts.encoding_options(c), dict(windows=(), window=2, base=10000.0,
                                                       num_windowed_heads=-1, sink=True))
     model = resolve(c).build_model(0)
     enc = model.blocks[0].attention.positional

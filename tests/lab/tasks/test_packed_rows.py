@@ -14,6 +14,7 @@ from absl.testing import parameterized
 from flax import nnx
 import pytest
 
+from attention_jax.lab.config import facts
 from attention_jax.lab.protocols import decoder
 from attention_jax.lab import tasks
 from attention_jax.lab import train
@@ -40,9 +41,9 @@ def _config(task: str, encoding: str, pack_segments: int = 2):
 
 def _batch(c, step: int = 0, batch_size: int = 4) -> dict:
   return tasks.train_batch(
-      decoder.configured_task(c), 0, jnp.int32(step), batch_size=batch_size,
+      facts.configured_task(c), 0, jnp.int32(step), batch_size=batch_size,
       min_length=c.task.train_min_length, max_length=c.task.train_max_length,
-      vocab_size=c.task.vocab_size, max_position=decoder.randomized_max_position(c))
+      vocab_size=c.task.vocab_size, max_position=facts.randomized_max_position(c))
 
 
 def _unpacked(batch: dict) -> tuple[dict, list]:
@@ -100,7 +101,7 @@ class PackedRowsTest(parameterized.TestCase):
     c = _config('copy', 'rope', pack_segments=3)
     batch = _batch(c, step=5, batch_size=8)
     ids, inputs = np.asarray(batch['segment_ids']), np.asarray(batch['inputs'])
-    row = packed_rows.row_length(decoder.configured_task(c), c.task.train_max_length)
+    row = packed_rows.row_length(facts.configured_task(c), c.task.train_max_length)
     self.assertEqual(inputs.shape, (8, row - 1))
     examples = 0
     for b in range(8):

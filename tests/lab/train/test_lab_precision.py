@@ -14,7 +14,7 @@ from flax import nnx
 
 from attention_jax.lab import evaluate
 from attention_jax.lab.config import identity
-from attention_jax.lab.protocols import decoder
+from attention_jax.lab.config import facts
 from attention_jax.lab import train
 from attention_jax.lab.errors import ConfigError
 from attention_jax.lab.config.validate import validate_config
@@ -58,7 +58,7 @@ class LabPrecisionTest(parameterized.TestCase):
     np.testing.assert_allclose(bf16['loss'], f32['loss'], rtol=0.02)
     self.assertNotEqual(bf16['loss'], f32['loss'])  # bfloat16 did compute: not a no-op
     # The bf16 model evaluates and generates (cache included); logits are float32.
-    rows = evaluate.evaluate_lengths(bf16_model, decoder.configured_task(c), [3], train_max=4,
+    rows = evaluate.evaluate_lengths(bf16_model, facts.configured_task(c), [3], train_max=4,
                                      num_samples=4, vocab_size=c.task.vocab_size, generate=True)
     self.assertTrue(all(np.isfinite(r['token_accuracy']) for r in rows))
     logits = bf16_model(jnp.ones((1, 5), jnp.int32))

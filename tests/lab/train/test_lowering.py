@@ -41,7 +41,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from attention_jax.attention import dispatch
-from attention_jax.lab.protocols import decoder
+from attention_jax.lab.config import facts
 from attention_jax.lab import tasks
 from attention_jax.lab.config import validate
 from attention_jax.lab.evaluate import rope_scaled
@@ -200,21 +200,21 @@ def _train_program(c, graphdef, *, data_sharding=None, vmap_seeds=False):
   """`train/loop.py::_train`'s step program for config `c` (a fresh one:
   `__wrapped__` bypasses the memo, whose jitted function keeps its traces)."""
   return lambda: step_function.__wrapped__(
-      graphdef=graphdef, task=decoder.configured_task(c), batch_size=c.train.batch_size,
+      graphdef=graphdef, task=facts.configured_task(c), batch_size=c.train.batch_size,
       min_length=c.task.train_min_length, max_length=c.task.train_max_length,
       vocab_size=c.task.vocab_size,
       layout='decoder_only' if c.model.kind == 'transformer' else 'seq2seq',
-      data_sharding=data_sharding, max_position=decoder.randomized_max_position(c),
+      data_sharding=data_sharding, max_position=facts.randomized_max_position(c),
       draw=c.positions.draw, steps_per_call=c.train.steps_per_call, vmap_seeds=vmap_seeds)
 
 
 def _eval_program(c, graphdef, *, generation=False, stacked=False):
   """`evaluate_models`' program for the longest bucket, with `study._evaluate`'s
   arguments (randomized positions when evaluated 'random')."""
-  max_position = (decoder.randomized_max_position(c)
+  max_position = (facts.randomized_max_position(c)
                   if c.positions.randomized_eval == 'random' else 0)
   return lambda: evaluation_program.__wrapped__(
-      graphdef=graphdef, task=decoder.configured_task(c), bucket=c.eval.max_length,
+      graphdef=graphdef, task=facts.configured_task(c), bucket=c.eval.max_length,
       num_samples=c.eval.batch_size, vocab_size=c.task.vocab_size, max_position=max_position,
       draw=c.positions.draw, generate=generation, stacked=stacked)
 
@@ -269,7 +269,7 @@ class LoweringTest(chex.TestCase, parameterized.TestCase):
     # What the diagnostics run (eagerly there): a kernel that forms the weights.
     c, graphdef, state, _, _ = _parts(entry)
     build = lambda: jax.jit(lambda s, t: nnx.merge(graphdef, s)(t, return_weights=True))
-    tokens = _int((BATCH, decoder.longest_sequence(c)))
+    tokens = _int((BATCH, facts.longest_sequence(c)))
     _, picks = self._lowers(('weights', entry), build, (state, tokens), platform)
     self.assertTrue(picks)
     self.assertTrue(all(dispatch.KERNELS[k].weights for k in picks), picks)
@@ -371,7 +371,7 @@ class LoweringTest(chex.TestCase, parameterized.TestCase):
     c = _parts('rope')[0]
     model = nnx.eval_shape(lambda: resolve(c).build_model(0))
     train_tokens = tasks.tokens_read(tasks.get_task('copy'), c.task.train_max_length)
-    scaling = RopeScaling(method, decoder.longest_sequence(c) / train_tokens, train_tokens)
+    scaling = RopeScaling(method, facts.longest_sequence(c) / train_tokens, train_tokens)
     with rope_scaled(model, scaling):
       graphdef, state = nnx.split(model)
     self._lowers(('rope', method), _eval_program(c, graphdef), (state, KEY, _int()), platform)
@@ -418,7 +418,7 @@ class LoweringTest(chex.TestCase, parameterized.TestCase):
     _, picks = self._lowers(('paper_evaluate', entry), _eval_program(c, graphdef),
                             (state, KEY, _int()), platform)
     # BOS and 1,024 (instruction, bit) pairs, the last bit predicted, not read.
-    self.assertEqual(decoder.longest_sequence(c), 2 * 1024)
+    self.assertEqual(facts.longest_sequence(c), 2 * 1024)
     self.assertTrue(picks)
     self.assertNotIn('dense', picks)  # no [64, 8, 2048, 2048] score array
 
