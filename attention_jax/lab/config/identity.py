@@ -34,7 +34,7 @@ from flax import nnx
 
 from attention_jax.lab.config import facts
 from attention_jax.lab.config.entries import flatten
-from attention_jax.lab.report import results
+from attention_jax.lab.report import result_files
 from attention_jax.lab.errors import ConfigError
 from attention_jax.lab.config import resolved as run_record
 
@@ -262,10 +262,10 @@ def claim(run_dir: str, config: ml_collections.ConfigDict) -> Optional[dict]:
     if grown:
       done = extensions(run_dir)
       if not done or {k: done[-1].get(k) for k in grown} != grown:
-        results.write_text(os.path.join(run_dir, EXTENSIONS), json.dumps(
+        result_files.write_text(os.path.join(run_dir, EXTENSIONS), json.dumps(
             done + [dict(grown, date=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()))],
             indent=1))
-    results.write_text(os.path.join(run_dir, 'config.json'),
+    result_files.write_text(os.path.join(run_dir, 'config.json'),
                        config.to_json_best_effort(indent=1, sort_keys=True))
   return grown
 
@@ -344,4 +344,4 @@ def evaluated_rows(run_dir: str, config: ml_collections.ConfigDict) -> Optional[
     return None
   if config.eval.get('grid') and not os.path.exists(os.path.join(run_dir, 'grid.csv')):
     return None  # evaluated before its grid was asked for (or the file was lost)
-  return results.read_rows(path)
+  return result_files.read_rows(path)

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from attention_jax.lab.report import results
+from attention_jax.lab.report import result_files
 from attention_jax.lab.evaluate.lengths import buckets
 from attention_jax.lab.evaluate.lengths import evaluation_program
 from attention_jax.lab.runs.timing import Stopwatch
@@ -75,12 +75,12 @@ def evaluate_grid(trained: list[nnx.Module], task, grid: Sequence[int], *, train
 
 
 def write_grid(path: str, rows: Sequence[dict]) -> None:
-  results.write_table(path, GRID_FIELDS, rows)
+  result_files.write_table(path, GRID_FIELDS, rows)
 
 
 def read_grid(path: str) -> list[dict]:
   """A grid.csv's rows, numbers parsed; a ValueError names a damaged file."""
-  return results.read_table(path, GRID_FIELDS, dict(
+  return result_files.read_table(path, GRID_FIELDS, dict(
       seed=int, digits_a=int, digits_b=int, exact_match=float, token_accuracy=float),
                             'a grid table')
 

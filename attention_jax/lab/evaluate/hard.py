@@ -27,7 +27,7 @@ import numpy as np
 from flax import nnx
 
 from attention_jax.lab.protocols import decoder
-from attention_jax.lab.report import results
+from attention_jax.lab.report import result_files
 from attention_jax.lab import tasks
 from attention_jax.lab.config.entries import run_label
 from attention_jax.lab.evaluate.lengths import PROGRAMS_KEPT
@@ -150,12 +150,12 @@ def run_hard_path(run_dir: str) -> str:
 
 
 def write_hard(path: str, rows: Sequence[dict]) -> None:
-  results.write_table(path, HARD_FIELDS, rows)
+  result_files.write_table(path, HARD_FIELDS, rows)
 
 
 def read_hard(path: str) -> list[dict]:
   """A hard.csv's rows, numbers parsed; a ValueError names a damaged file."""
-  return results.read_table(path, HARD_FIELDS, dict(seed=int, length=int, count=int,
+  return result_files.read_table(path, HARD_FIELDS, dict(seed=int, length=int, count=int,
                                                      exact_match=float), 'a hard-case table')
 
 

@@ -2,7 +2,7 @@
 by case, and where each seed that does not first fails.
 
 `summary_markdown` already shows the hard cases' exact match per length
-bucket beside the uniform columns (`results.HARD`); these tables add what a
+bucket beside the uniform columns (`result_files.HARD`); these tables add what a
 mean hides: a claim like "adds 40-digit numbers" holds for a seed only if
 that seed is exact on every hard case, so each is counted per seed.
 Diverged runs are left out (the seeds columns say how many).
@@ -10,6 +10,7 @@ Diverged runs are left out (the seeds columns say how many).
 
 from typing import Sequence
 
+from attention_jax.lab.report import result_files
 from attention_jax.lab.report import results
 
 
@@ -25,16 +26,16 @@ def per_length(hard_rows: Sequence[dict]) -> dict:
 
 
 def with_hard(rows: Sequence[dict], hard_rows: Sequence[dict]) -> list[dict]:
-  """results.csv `rows` with `results.HARD` filled in from `hard_rows`
+  """results.csv `rows` with `result_files.HARD` filled in from `hard_rows`
   (None where a run has no hard score at that length)."""
   scores = per_length(hard_rows)
-  return [dict(r, **{results.HARD: scores.get(
+  return [dict(r, **{result_files.HARD: scores.get(
       (r['task'], r['encoding'], r['seed'], r['length']))}) for r in rows]
 
 
 def _diverged(rows: Sequence[dict]) -> set:
   return {(r['task'], r['encoding'], r['seed']) for r in rows
-          if r.get(results.DIVERGED) is not None}
+          if r.get(result_files.DIVERGED) is not None}
 
 
 def hard_markdown(hard_rows: Sequence[dict], rows: Sequence[dict] = ()) -> str:

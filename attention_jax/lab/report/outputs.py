@@ -17,6 +17,7 @@ from attention_jax.lab.evaluate import grid
 from attention_jax.lab.config import identity
 from attention_jax.lab.runs import one_study
 from attention_jax.lab.runs import plan
+from attention_jax.lab.report import result_files
 from attention_jax.lab.report import results
 from attention_jax.lab import tasks
 from attention_jax.lab.evaluate import ambiguity
@@ -99,8 +100,8 @@ def write_study_outputs(rows, workdir: str, config: ml_collections.ConfigDict,
   rows = hard_report.with_hard(rows, hard_table)
   if hard_table:
     hard.write_hard(os.path.join(workdir, hard.HARD_FILE), hard_table)
-  results.write_rows(os.path.join(workdir, 'results.csv'), rows)
-  results.write_ceiling(os.path.join(workdir, 'ceiling.csv'), ceilings)
+  result_files.write_rows(os.path.join(workdir, 'results.csv'), rows)
+  result_files.write_ceiling(os.path.join(workdir, 'ceiling.csv'), ceilings)
   summary = results.summary_markdown(
       rows, t.train_min_length, t.train_max_length,
       hard_sets={name: getattr(tasks.TASKS.get(name), 'hard_set', '') for name in task_names})
@@ -113,7 +114,7 @@ def write_study_outputs(rows, workdir: str, config: ml_collections.ConfigDict,
     plot_grid(grid_table, os.path.join(workdir, 'addition_grid.png'), train_max=t.train_max_length)
   if coverage:
     summary += '\n' + '\n'.join(results.coverage_summary(*coverage))
-  results.write_text(os.path.join(workdir, 'summary.md'), summary)
+  result_files.write_text(os.path.join(workdir, 'summary.md'), summary)
   plot_extrapolation(rows, os.path.join(workdir, 'extrapolation.png'),
                      train_min=t.train_min_length, train_max=t.train_max_length,
                      ceilings=ceilings)

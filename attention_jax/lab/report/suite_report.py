@@ -26,6 +26,7 @@ import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
 import numpy as np
 
+from attention_jax.lab.report import result_files
 from attention_jax.lab.report import results
 from attention_jax.lab.evaluate import suite_hard as hard_set
 from attention_jax.lab.report import published
@@ -112,7 +113,7 @@ def write_outputs(records: list[dict], config, workdir: str) -> None:
   combined = combine(records)
   task_names = list(config.study.tasks)
   encodings = list(config.study.encodings)
-  results.write_text(os.path.join(workdir, 'summary.md'),
+  result_files.write_text(os.path.join(workdir, 'summary.md'),
                      summary(combined, task_names, encodings, config))
   figure(combined, task_names, encodings, os.path.join(workdir, 'chomsky.png'),
          title=f'test lengths {config.task.train_max_length + 2}–{config.eval.max_length} '
@@ -122,7 +123,7 @@ def write_outputs(records: list[dict], config, workdir: str) -> None:
 def _write_csv(records, path):
   fields = ['task', 'level', 'encoding', 'learning_rate', 'seed', *SCORES, 'diverged_at',
             'hard_exact']
-  results.write_table(path, fields, (
+  result_files.write_table(path, fields, (
       dict(task=r['task'], level=r['level'], encoding=r['encoding'],
            learning_rate=r['learning_rate'], seed=seed, **{k: f'{s[k]:.4f}' for k in SCORES},
            diverged_at='' if step is None else step,

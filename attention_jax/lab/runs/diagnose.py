@@ -31,6 +31,7 @@ from attention_jax.lab import evaluate
 from attention_jax.lab.config import identity
 from attention_jax.lab.config.resolved import ResolvedRun
 from attention_jax.lab.config.resolved import resolve
+from attention_jax.lab.report import result_files
 from attention_jax.lab.report import results
 from attention_jax.lab import tasks
 from attention_jax.lab.runs import workdirs
@@ -164,9 +165,9 @@ def _failures(config, workdir, runs, run_dirs, log) -> list[dict]:
       directory = run_dir if seed == run.config.train.seed else _trained_run(s.config, workdir)
       for row in evaluate.failure_rows(load_trained(s, directory), s, lengths):
         rows.append(dict(task=s.task.name, encoding=label, seed=seed, **row))
-  results.write_failures(os.path.join(workdir, 'failures.csv'), rows)
+  result_files.write_failures(os.path.join(workdir, 'failures.csv'), rows)
   path = os.path.join(workdir, 'failures.md')
-  results.write_text(path, results.failures_markdown(rows, train_max))
+  result_files.write_text(path, results.failures_markdown(rows, train_max))
   log(f'failures by kind: {path}')
   return rows
 

@@ -11,7 +11,7 @@ import json
 import os
 
 from attention_jax.lab.config import identity
-from attention_jax.lab.report import results
+from attention_jax.lab.report import result_files
 from attention_jax.lab.evaluate.grid import run_grid_path
 from attention_jax.lab.evaluate.grid import write_grid
 
@@ -42,8 +42,8 @@ def write_run(config, run_dir, rows, last, times, timings, trained_with, grid=No
   # run.json, which means "evaluate again", never stale results taken as current.
   if grid is not None:
     write_grid(run_grid_path(run_dir), grid)
-  results.write_rows(os.path.join(run_dir, 'results.csv'), rows)
-  results.write_text(os.path.join(run_dir, 'run.json'), json.dumps(info, indent=1, default=str))
+  result_files.write_rows(os.path.join(run_dir, 'results.csv'), rows)
+  result_files.write_text(os.path.join(run_dir, 'run.json'), json.dumps(info, indent=1, default=str))
 
 
 def _read_json(path: str, default: dict) -> dict:

@@ -55,7 +55,7 @@ from attention_jax.lab.protocols import encoder
 from attention_jax.lab.report import suite_report
 from attention_jax.lab.train import suite_programs
 from attention_jax.lab.train import suite_trainer
-from attention_jax.lab.report import results
+from attention_jax.lab.report import result_files
 from attention_jax.lab import tasks
 from attention_jax.lab.train.interrupt import raise_if_stopped
 from attention_jax.lab.errors import ConfigError
@@ -266,6 +266,6 @@ class Suite:
 
 
 def _write_json(path: str, payload) -> None:
-  """Written whole or not at all (`results.write_text`)."""
+  """Written whole or not at all (`result_files.write_text`)."""
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  results.write_text(path, json.dumps(payload, indent=1))
+  result_files.write_text(path, json.dumps(payload, indent=1))

@@ -23,6 +23,7 @@ import ml_collections
 
 from attention_jax.lab.config import identity
 from attention_jax.lab.report import plots
+from attention_jax.lab.report import result_files
 from attention_jax.lab.report import results
 from attention_jax.lab.runs import plan
 from attention_jax.lab.config.entries import run_label
@@ -98,7 +99,7 @@ def study_rows(workdir: str) -> list[dict]:
 
 def _read_rows(path: str) -> list[dict]:
   try:
-    return results.read_rows(path)
+    return result_files.read_rows(path)
   except (ValueError, KeyError) as e:
     raise ConfigError(f'{path} is not a readable results.csv ({e}).') from None
 
@@ -109,11 +110,11 @@ def _read_ceilings(workdir: str) -> list[dict]:
   if not os.path.exists(path):
     return []
   try:
-    rows = results.read_table(path, results.CEILING_FIELDS,
+    rows = result_files.read_table(path, result_files.CEILING_FIELDS,
                               dict(length=int, k=int, unambiguous=float), 'a ceiling table')
   except ValueError as e:
     raise ConfigError(f'{path} is not a readable ceiling.csv ({e}).') from None
-  return [{k: r[k] for k in results.CEILING_FIELDS} for r in rows]
+  return [{k: r[k] for k in result_files.CEILING_FIELDS} for r in rows]
 
 
 def _range(configs: Sequence[ml_collections.ConfigDict]) -> Optional[tuple[int, int]]:
@@ -193,7 +194,7 @@ def redraw(paths: Sequence[str], out: Optional[str] = None,
       table = results.comparison_markdown(a.rows, b.rows, names=(name_a, name_b),
                                           train_max=(a.train_range[1], b.train_range[1]))
       written.append(os.path.join(out, COMPARISON))
-      results.write_text(written[-1], table)
+      result_files.write_text(written[-1], table)
       log(table)
     else:
       log(f'no comparison table: {name_a} and {name_b} both need results.csv and config.json.')

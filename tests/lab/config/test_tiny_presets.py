@@ -11,6 +11,7 @@ from attention_jax.lab.config import entries
 from attention_jax.lab import evaluate
 from attention_jax.lab.config import identity
 from attention_jax.lab.runs import plan
+from attention_jax.lab.report import result_files
 from attention_jax.lab.report import results
 from configs import addition as addition_config
 from configs import copy as copy_config
@@ -86,15 +87,15 @@ class StepsColumnTest(absltest.TestCase):
 
   def test_num_steps_round_trips_and_older_files_read_as_unknown(self):
     path = os.path.join(tempfile.mkdtemp(), 'results.csv')
-    results.write_rows(path, [_row('rope', 5)])
-    self.assertEqual(results.read_rows(path)[0]['num_steps'], 5)
+    result_files.write_rows(path, [_row('rope', 5)])
+    self.assertEqual(result_files.read_rows(path)[0]['num_steps'], 5)
     with open(path) as f:
       lines = f.read().splitlines()
     at = lines[0].split(',').index('num_steps')
     with open(path, 'w') as f:  # an older file: no num_steps column
       f.write('\n'.join(','.join(v for i, v in enumerate(line.split(',')) if i != at)
                         for line in lines) + '\n')
-    self.assertIsNone(results.read_rows(path)[0]['num_steps'])
+    self.assertIsNone(result_files.read_rows(path)[0]['num_steps'])
 
 
 if __name__ == '__main__':

@@ -13,6 +13,7 @@ import pytest
 from absl.testing import absltest
 from absl.testing import parameterized
 
+from attention_jax.lab.report import result_files
 from attention_jax.lab.report import results
 from attention_jax.lab import tasks
 from attention_jax.lab.evaluate import eval_lengths
@@ -227,14 +228,14 @@ class TablesTest(absltest.TestCase):
   def test_old_results_csv_reads_without_the_hard_column(self):
     folder = tempfile.mkdtemp()
     path = os.path.join(folder, 'results.csv')
-    fields = [f for f in results.FIELDS if f != results.HARD]
+    fields = [f for f in result_files.FIELDS if f != result_files.HARD]
     with open(path, 'w', newline='') as f:
       writer = csv.DictWriter(f, fieldnames=fields)
       writer.writeheader()
       writer.writerow({k: v for k, v in _row(0, 1, 1.0).items() if k in fields})
-    self.assertIsNone(results.read_rows(path)[0][results.HARD])
-    results.write_rows(path, [_row(0, 1, 1.0, 0.5)])
-    self.assertEqual(results.read_rows(path)[0][results.HARD], 0.5)
+    self.assertIsNone(result_files.read_rows(path)[0][result_files.HARD])
+    result_files.write_rows(path, [_row(0, 1, 1.0, 0.5)])
+    self.assertEqual(result_files.read_rows(path)[0][result_files.HARD], 0.5)
 
   def test_runs_singular_and_k_as_int(self):
     text = '\n'.join(results.coverage_summary(['copy/rope/seed0'], [], []))
@@ -254,7 +255,7 @@ class TablesTest(absltest.TestCase):
                                     (1, 'one symbol', 2, 0.0), (1, 'two symbols', 2, 0.0))]
     joined = hard_report.with_hard([_row(0, 1, 1.0), _row(1, 1, 1.0, diverged_at=3),
                                     _row(0, 2, 1.0)], hard_rows)
-    self.assertEqual([r[results.HARD] for r in joined], [0.75, 0.0, None])
+    self.assertEqual([r[result_files.HARD] for r in joined], [0.75, 0.0, None])
     text = hard_report.hard_markdown(hard_rows, joined)
     self.assertIn('| rope | 0 of 1 (1 diverged, left out) | 75.0 |', text)
     self.assertIn('| rope | 1/1 | 0/1 |', text)
@@ -270,7 +271,6 @@ def _tiny_addition(**study):
 class EnsureTest(absltest.TestCase):
 
   def test_hard_ensure_scores_once_and_again_when_lengths_change(self):
-    from attention_jax.lab.protocols import decoder  # pylint: disable=import-outside-toplevel
     from attention_jax.lab.runs import plan  # pylint: disable=import-outside-toplevel
     config = plan.run_configs(_tiny_addition())[0]
     run_dir = tempfile.mkdtemp()
@@ -307,7 +307,7 @@ class OlderWorkdirTest(absltest.TestCase):
     os.remove(hard.run_hard_path(run_dir))
     path = os.path.join(run_dir, 'results.csv')
     with open(path, newline='') as f:
-      old = [{k: v for k, v in r.items() if k != results.HARD} for r in csv.DictReader(f)]
+      old = [{k: v for k, v in r.items() if k != result_files.HARD} for r in csv.DictReader(f)]
     with open(path, 'w', newline='') as f:
       writer = csv.DictWriter(f, fieldnames=list(old[0]), lineterminator='\n')
       writer.writeheader()
@@ -321,9 +321,9 @@ class OlderWorkdirTest(absltest.TestCase):
     self.assertEqual(before, {name: os.path.getmtime(os.path.join(run_dir, name))
                               for name in before})
     self.assertEqual(hard.read_hard(hard.run_hard_path(run_dir)), fresh)
-    top = results.read_rows(os.path.join(workdir, 'results.csv'))
-    self.assertTrue(all(r[results.HARD] is not None for r in top))
-    self.assertEqual([r[results.HARD] for r in rows], [r[results.HARD] for r in top])
+    top = result_files.read_rows(os.path.join(workdir, 'results.csv'))
+    self.assertTrue(all(r[result_files.HARD] is not None for r in top))
+    self.assertEqual([r[result_files.HARD] for r in rows], [r[result_files.HARD] for r in top])
     with open(os.path.join(workdir, 'summary.md')) as f:
       self.assertIn('### addition: hard cases, per seed', f.read())
     logged.clear()

@@ -16,7 +16,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 import numpy as np
 
 from attention_jax.lab.report import plots
-from attention_jax.lab.report import results
+from attention_jax.lab.report import result_files
 from attention_jax.lab.runs import workdirs
 from attention_jax.lab.report import suite_report
 from configs import chomsky as chomsky_config
@@ -130,8 +130,8 @@ class ExtrapolationFigureTest(FigureTestCase):
     rows = [dict(r, generated_exact_match='', generation_agreement='', config_hash='x',
                  version='0', diverged_at='', num_steps=5)
             for r in _extrapolation_rows(('rope',))]
-    results.write_rows(os.path.join(study, 'results.csv'), rows)
-    results.write_ceiling(os.path.join(study, 'ceiling.csv'), _ceilings())
+    result_files.write_rows(os.path.join(study, 'results.csv'), rows)
+    result_files.write_ceiling(os.path.join(study, 'ceiling.csv'), _ceilings())
     drawn = []
     with mock.patch.object(plots, 'plot_extrapolation',
                            lambda *a, **k: drawn.append(plots_extrapolation(*a, **k))):

@@ -16,7 +16,6 @@ from absl.testing import absltest
 import pytest
 from flax import nnx
 
-from attention_jax.lab.protocols import decoder
 from attention_jax.lab import train
 from attention_jax.lab.runs.plan import config_hash
 from attention_jax.lab.runs.plan import run_configs
@@ -221,7 +220,7 @@ class ProcessTest(absltest.TestCase):
       self.assertGreater(os.path.getsize(os.path.join(out_dir, name)), 10_000, name)
 
   def test_plot_keeps_a_retrained_sibling_apart(self):
-    from attention_jax.lab.report import results
+    from attention_jax.lab.report import result_files
     from experiments import plot
     workdir = tempfile.mkdtemp()
     for seed_dir, accuracy in (('seed0', 0.25), ('seed0-2', 0.75), ('seed1', 0.5)):
@@ -232,8 +231,8 @@ class ProcessTest(absltest.TestCase):
                  generation_agreement='', config_hash='h', version='v', diverged_at='',
                  num_steps='', hard_exact_match='')
       with open(os.path.join(run_dir, 'results.csv'), 'w') as f:
-        f.write(','.join(results.FIELDS) + '\n')
-        f.write(','.join(str(row[k]) for k in results.FIELDS) + '\n')
+        f.write(','.join(result_files.FIELDS) + '\n')
+        f.write(','.join(str(row[k]) for k in result_files.FIELDS) + '\n')
     by_label = {}
     for r in plot._rows(workdir):  # pylint: disable=protected-access
       by_label.setdefault(r['encoding'], []).append(r['token_accuracy'])

@@ -14,6 +14,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from attention_jax.lab.config import facts
+from attention_jax.lab.report import result_files
 from attention_jax.lab.report import results
 from attention_jax.lab import tasks
 from attention_jax.lab.config import validate
@@ -150,7 +151,7 @@ class FlipFlopStudyTest(absltest.TestCase):
     self.assertEqual({(r['task'], r['encoding'], r['length']) for r in rows},
                      {(t, e, n) for t in ('flipflop', 'flipflop_sparse', 'flipflop_dense')
                       for e in ('path', 'rnope_swa') for n in (4, 8)})
-    self.assertEqual(len(results.read_rows(os.path.join(workdir, 'results.csv'))), len(rows))
+    self.assertEqual(len(result_files.read_rows(os.path.join(workdir, 'results.csv'))), len(rows))
     with open(os.path.join(workdir, 'summary.md')) as f:
       summary = f.read()
     for task in ('flipflop', 'flipflop_sparse', 'flipflop_dense'):

@@ -9,6 +9,7 @@ import tempfile
 import numpy as np
 from absl.testing import absltest
 
+from attention_jax.lab.report import result_files
 from attention_jax.lab.report import results
 from attention_jax.lab.protocols import encoder
 from attention_jax.lab.report import suite_report
@@ -47,8 +48,8 @@ class DivergedRowsTest(absltest.TestCase):
 
   def test_diverged_at_round_trips_through_results_csv(self):
     path = os.path.join(tempfile.mkdtemp(), 'results.csv')
-    results.write_rows(path, [_row(0, 1, 0.5), _row(1, 1, 0.0, diverged_at=12)])
-    read = results.read_rows(path)
+    result_files.write_rows(path, [_row(0, 1, 0.5), _row(1, 1, 0.0, diverged_at=12)])
+    read = result_files.read_rows(path)
     self.assertEqual([r['diverged_at'] for r in read], [None, 12])
 
   def test_entry_point_message_names_each_diverged_run(self):
