@@ -9,6 +9,7 @@ run into --workdir/TASK/LABEL/seedN/. Re-running the same command skips finished
 See configs/copy.py for presets, expected results and runtime.
 """
 
+import glob
 import os
 import sys
 
@@ -36,9 +37,9 @@ def main(argv):
   if not written:  # a shard whose sweep is unfinished: the last shard writes them
     return
   print(open(f'{_WORKDIR.value}/summary.md').read())
-  # The addition study draws its grid too: every figure written, by its path.
-  figures = [os.path.join(_WORKDIR.value, name)
-             for name in ('extrapolation.png', 'addition_grid.png')]
+  # A study of two-operand tasks draws their grid too (TASK_grid.png).
+  figures = [os.path.join(_WORKDIR.value, 'extrapolation.png')] + sorted(
+      glob.glob(os.path.join(glob.escape(_WORKDIR.value), '*_grid.png')))
   print('Figures: ' + ', '.join(p for p in figures if os.path.exists(p)))
   diverged = divergence.message(written)
   if diverged:  # after every other run and the outputs: nothing is lost by stopping

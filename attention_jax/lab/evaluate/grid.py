@@ -74,6 +74,12 @@ def evaluate_grid(trained: list[nnx.Module], task, grid: Sequence[int], *, train
   return rows
 
 
+def figure_name(rows: Sequence[dict]) -> str:
+  """The grid figure's file: TASK_grid.png (`addition_grid.png`), the
+  tasks of `rows` joined by '_' where a study has several."""
+  return '_'.join(sorted({r['task'] for r in rows})) + '_grid.png'
+
+
 def write_grid(path: str, rows: Sequence[dict]) -> None:
   result_files.write_table(path, GRID_FIELDS, rows)
 

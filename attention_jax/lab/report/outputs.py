@@ -90,7 +90,7 @@ def write_study_outputs(rows, workdir: str, config: ml_collections.ConfigDict,
   """results.csv, ceiling.csv, summary.md (with the ceiling, and with
   `coverage`, `other_runs`' lists, saying which runs it covers) and
   extrapolation.png (the ceiling dashed under exact match); with
-  `grid_table` (`grid_rows`), grid.csv and addition_grid.png too; with
+  `grid_table` (`grid_rows`), grid.csv and TASK_grid.png too; with
   `hard_table` (`hard_rows`), hard.csv, results.csv's hard_exact_match
   column and the hard-case tables; the text files atomically. Returns the
   rows written to results.csv."""
@@ -111,7 +111,8 @@ def write_study_outputs(rows, workdir: str, config: ml_collections.ConfigDict,
   if grid_table:
     grid.write_grid(os.path.join(workdir, 'grid.csv'), grid_table)
     summary += '\n' + grid.grid_markdown(grid_table, t.train_max_length)
-    plot_grid(grid_table, os.path.join(workdir, 'addition_grid.png'), train_max=t.train_max_length)
+    plot_grid(grid_table, os.path.join(workdir, grid.figure_name(grid_table)),
+              train_max=t.train_max_length)
   if coverage:
     summary += '\n' + '\n'.join(results.coverage_summary(*coverage))
   result_files.write_text(os.path.join(workdir, 'summary.md'), summary)

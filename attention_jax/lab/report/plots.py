@@ -301,6 +301,7 @@ def plot_grid(rows: Sequence[dict], path: str, *, train_max: int) -> Optional[Fi
   labels = sorted({(r['task'], r['encoding']) for r in rows})
   if not labels:
     return None
+  one_task = len({task for task, _ in labels}) == 1  # the file's name says which
   columns = min(5, len(labels))
   lines = -(-len(labels) // columns)
   # 'compressed': constrained for panels of a fixed aspect (square cells).
@@ -336,7 +337,7 @@ def plot_grid(rows: Sequence[dict], path: str, *, train_max: int) -> Optional[Fi
     ax.set_xlabel('digits of b', fontsize=8)
     if n % columns == 0:  # one label per row of panels: no overlap with the next
       ax.set_ylabel('digits of a', fontsize=8)
-    ax.set_title(label if task == 'addition' else f'{task}: {label}', fontsize=9)
+    ax.set_title(label if one_task else f'{task}: {label}', fontsize=9)
   fig.colorbar(image, ax=axes, shrink=0.8, pad=0.02, label='exact match (%, mean over seeds)')
   fig.suptitle(f'Exact match (%); red: both operands within the training range '
                f'(<= {train_max} digits)', fontsize=10)

@@ -121,7 +121,7 @@ def summary_markdown(rows: Sequence[dict], train_min: int, train_max: int,
                       '|' + '---|' * (len(header) + 1)]
       if metric == HARD:
         kinds = (hard_sets or {}).get(task)
-        lines[-2:-2] = [f'Exact match on the hard cases at each length (tasks/hard_cases.py'
+        lines[-2:-2] = ['Exact match on the hard cases at each length (tasks/hard_cases.py'
                         + (f': {kinds}' if kinds else '') + '), scored as the uniform table '
                         'above; the details in hard.csv and below.', '']
       for enc in encodings:

@@ -17,8 +17,10 @@ position ids), and `tests/lab/tasks/test_task_protocol.py` checks each one.
 
 A new task of the copy family is a rule and one `copy.TASKS` entry; any
 other task is a `TaskSpec` (a generator `(key, length, B, N) -> (x, y)`)
-and one entry in `SPECS`. From outside the package: `register_task(spec)`
-in a module of your own, named in `--config.imports`.
+and one entry in `SPECS`; a decoder-protocol task of its own layout is a
+frozen dataclass with `protocol.Task`'s members and one entry in `TASKS`.
+From outside the package: `register_task(spec_or_task)` in a module of
+your own, named in `--config.imports`.
 """
 
 from attention_jax.lab.tasks.batches import BOS
@@ -47,6 +49,7 @@ from attention_jax.lab.tasks import packing
 from attention_jax.lab.tasks import packed_rows
 from attention_jax.lab.tasks.decoder import DecoderTask
 from attention_jax.lab.tasks.protocol import Task
+from attention_jax.lab.tasks.protocol import protocol_members
 from attention_jax.lab.tasks.spec import LEVELS
 from attention_jax.lab.tasks.spec import TaskSpec
 from attention_jax.lab.tasks.chomsky.registry import TASKS as CHOMSKY_TASKS
@@ -72,14 +75,23 @@ def get_spec(name: str) -> TaskSpec:
   return SPECS[name]
 
 
-def register_task(spec: TaskSpec) -> None:
-  """Adds `spec` under `spec.name` to `SPECS`, and its decoder-protocol task
-  to `TASKS`, so that every entry point takes the name (call it in a module
-  named in `--config.imports`). A ValueError names a taken name or a level
-  not in `LEVELS`."""
-  if spec.name in TASKS:
-    raise ValueError(f'task {spec.name!r} is registered already; choose another name.')
-  if spec.level not in LEVELS:
-    raise ValueError(f'task {spec.name!r}: level={spec.level!r}; choose one of {LEVELS}.')
-  SPECS[spec.name] = spec
-  TASKS[spec.name] = DecoderTask(spec)
+def register_task(task) -> None:
+  """Adds `task` under its name, so that every entry point takes the name
+  (call it in a module named in `--config.imports`): a `TaskSpec` to
+  `SPECS` and its decoder-protocol task to `TASKS` (both protocols serve
+  it); any other `Task` (`protocol.Task`'s members: a task of its own
+  layout, as addition is) to `TASKS`, for the decoder protocol. A
+  ValueError names a taken name, a level not in `LEVELS`, or an object
+  that is neither."""
+  if not isinstance(task, (TaskSpec, Task)):
+    missing = [m for m in protocol_members() if not hasattr(task, m)]
+    raise ValueError(f'register_task takes a TaskSpec or a tasks.Task; {task!r} is neither'
+                     + (f" (it lacks {', '.join(sorted(missing))})" if missing else '') + '.')
+  if task.name in TASKS:
+    raise ValueError(f'task {task.name!r} is registered already; choose another name.')
+  if isinstance(task, TaskSpec):
+    if task.level not in LEVELS:
+      raise ValueError(f'task {task.name!r}: level={task.level!r}; choose one of {LEVELS}.')
+    SPECS[task.name] = task
+    task = DecoderTask(task)
+  TASKS[task.name] = task

@@ -84,3 +84,10 @@ class Task(Protocol):
     """This task with its draw replaced by `hard_cases`' inputs, laid out
     at `max_length` (`hard_cases.Fixed`: `example` gives them, `lengths`
     what the batch functions take with them)."""
+
+
+def protocol_members() -> list[str]:
+  """`Task`'s members by name: its fields, then its methods."""
+  methods = [name for name, member in vars(Task).items()
+             if callable(member) and not name.startswith('_')]
+  return list(Task.__annotations__) + methods
