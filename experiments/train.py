@@ -20,7 +20,7 @@ from attention_jax.lab.train import divergence
 from attention_jax.lab.report import results
 from attention_jax.lab.runs.process import entry_point
 from attention_jax.lab.config.command_line import parse_flags
-from attention_jax.lab.runs.study import run_one
+from attention_jax.lab.runs.one_run import run_one
 
 _CONFIG = presets.DEFINE_config_file(
     'config', 'copy', 'Run configuration.')

@@ -148,7 +148,7 @@ class RandomizedPositionsTest(parameterized.TestCase):
   def test_evaluation_positions(self, mode):
     """Randomized models are evaluated on random positions (as trained) or on
     0 … T-1 (the draw itself is tested for reproducibility above)."""
-    from attention_jax.lab.runs.study import run_one  # pylint: disable=g-import-not-at-top
+    from attention_jax.lab.runs.one_run import run_one  # pylint: disable=g-import-not-at-top
     import tempfile  # pylint: disable=g-import-not-at-top
     c = copy_config.get_config('encoding=learned:randomized,scale=tiny')
     c.positions.randomized_eval = mode

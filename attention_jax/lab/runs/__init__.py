@@ -2,7 +2,8 @@
 
 `runner` runs every benchmark (its shards, locks, stop and time checks,
 jobs side by side, outputs written once); its benchmarks are `study`, the
-decoder study (and `run_one`, one model), and `suite`, DeepMind's suite
+decoder study (each setup trained, evaluated and written by `one_run`,
+which is also `experiments.train`'s one model), and `suite`, DeepMind's suite
 under the encoder protocol. `plan` names the runs of a study config,
 `one_study` keeps a workdir to one study,
 `workdirs` and `workdir_checks` keep a workdir to one config, `locks` keeps

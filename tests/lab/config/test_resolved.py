@@ -17,7 +17,7 @@ from attention_jax.lab.config import facts
 from attention_jax.lab.runs import plan
 from attention_jax.lab import train
 from attention_jax.lab.evaluate import hard
-from attention_jax.lab.runs import study
+from attention_jax.lab.runs import one_run
 from attention_jax.lab.runs.timing import Stopwatch
 from attention_jax.nn.seq2seq import Seq2Seq
 from attention_jax.nn.transformer import TransformerLM
@@ -99,7 +99,7 @@ class ResolvedRunTest(parameterized.TestCase):
     with tempfile.TemporaryDirectory() as workdir, \
         mock.patch.multiple(facts, **{name: refused for name in derived}):
       model, _ = train.train(run, progress=False)
-      rows, _ = study._evaluate([model], [run], Stopwatch(), [workdir])
+      rows, _ = one_run._evaluate([model], [run], Stopwatch(), [workdir])
       hard_rows = hard.config_rows([model], [run])
     self.assertEqual(sorted({r['length'] for r in rows[0]}), [2, 5])
     self.assertEqual(sorted({r['length'] for r in hard_rows[0]}), [2, 5])

@@ -22,7 +22,7 @@ from attention_jax.lab import trained
 from attention_jax.lab.runs import workdirs
 from attention_jax.lab.runs.diagnose import run_diagnostics
 from attention_jax.lab.runs.diagnose import stored_config
-from attention_jax.lab.runs.study import run_one
+from attention_jax.lab.runs.one_run import run_one
 from attention_jax.lab.runs.study import run_study
 from attention_jax.lab.train.interrupt import TrainingInterrupted
 from attention_jax.lab.train.loop import run_name

@@ -22,9 +22,9 @@ from attention_jax.lab.runs import cluster
 from attention_jax.lab.runs import locks
 from attention_jax.lab import train
 from attention_jax.lab.runs.process import entry_point
-from attention_jax.lab.runs.study import run_one
+from attention_jax.lab.runs.one_run import run_one
 from attention_jax.lab.runs.study import run_study
-from attention_jax.lab.runs.study import shared_optimizer
+from attention_jax.lab.runs.one_run import shared_optimizer
 from attention_jax.lab.train import loop
 from attention_jax.lab.train.interrupt import TIME_BUDGET
 from attention_jax.lab.train.interrupt import TrainingInterrupted

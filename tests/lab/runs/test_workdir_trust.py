@@ -29,7 +29,7 @@ from absl.testing import parameterized
 from attention_jax.lab.config import identity
 from attention_jax.lab import train
 from attention_jax.lab.runs.diagnose import run_diagnostics
-from attention_jax.lab.runs.study import run_one
+from attention_jax.lab.runs.one_run import run_one
 from attention_jax.lab.runs.study import run_study
 from attention_jax.lab.errors import ConfigError
 from attention_jax.lab.config.validate import validate_config

@@ -209,7 +209,7 @@ def _train_program(c, graphdef, *, data_sharding=None, vmap_seeds=False):
 
 
 def _eval_program(c, graphdef, *, generation=False, stacked=False):
-  """`evaluate_models`' program for the longest bucket, with `study._evaluate`'s
+  """`evaluate_models`' program for the longest bucket, with `one_run._evaluate`'s
   arguments (randomized positions when evaluated 'random')."""
   max_position = (facts.randomized_max_position(c)
                   if c.positions.randomized_eval == 'random' else 0)

@@ -27,9 +27,9 @@ from flax import nnx
 from attention_jax.lab.config import identity
 from attention_jax.lab import train
 from attention_jax.lab.runs.plan import config_hash
-from attention_jax.lab.runs.study import run_one
+from attention_jax.lab.runs.one_run import run_one
 from attention_jax.lab.runs.study import run_study
-from attention_jax.lab.runs.study import shared_optimizer
+from attention_jax.lab.runs.one_run import shared_optimizer
 from attention_jax.lab.train import loop
 from attention_jax.lab.train.interrupt import TIME_BUDGET
 from attention_jax.lab.train.interrupt import TrainingInterrupted
