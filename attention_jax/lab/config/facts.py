@@ -3,9 +3,10 @@ data options, the evaluation tasks, the position ranges, the model's
 constructor options.
 
 `resolved.resolve` asks each once and keeps the answers in the run's
-record, which every later stage reads. Before a record exists, validation
-(`field_checks`) and the tools that read a stored config (`identity`'s
-shape check, `resolve_options` for a config's hash) ask them directly.
+record, which every later stage reads. Only what runs before a record
+exists asks them directly: the field checks, the evaluation budget (at
+each candidate `eval.max_length`), and a config's completed encoding
+options (`resolve_options`) for its hash and workdir identity.
 """
 
 import dataclasses
