@@ -20,6 +20,7 @@ is refused.
 
 import dataclasses
 import functools
+import inspect
 import os
 from typing import Any, Optional
 
@@ -36,6 +37,8 @@ from attention_jax.lab.config.resolved import resolve
 from attention_jax.lab import tasks
 from attention_jax.lab.runs import workdirs
 from attention_jax.lab.errors import ConfigError
+from attention_jax.lab.runs.workdir_checks import MADE_BY
+from attention_jax.lab.runs.workdir_checks import held
 from attention_jax.lab.train.loop import load_trained
 from attention_jax.nn import TransformerLM
 from attention_jax.nn.decoding import greedy_predictions
@@ -98,6 +101,7 @@ class Trained:
       raise TypeError(f'predict serves transformer runs; {self.run_dir} holds a '
                       f'{type(self.model).__name__} (read its results.csv).')
     key = jax.random.key(0) if key is None else key
+    self._check_arity(inputs)
     tokens, is_output, lengths = self.task.encode(
         *inputs, vocab_size=self.config.task.vocab_size, key=key)
     batch = dict(inputs=tokens[:, :-1], loss_mask=is_output[:, 1:])
@@ -110,6 +114,17 @@ class Trained:
       batch = tasks.with_random_positions(batch, jax.random.fold_in(key, 2), max_position,
                                           self.config.positions.draw)
     return batch
+
+  def _check_arity(self, inputs: tuple) -> None:
+    """ValueError naming the raw inputs the task's `encode` takes, when
+    `inputs` are not as many (copy takes one sequence, addition two ints)."""
+    raw = [p.name for p in inspect.signature(self.task.encode).parameters.values()
+           if p.name not in ('vocab_size', 'key') and p.kind is p.POSITIONAL_OR_KEYWORD]
+    if len(inputs) != len(raw):
+      example = '([3, 1, 4])' if raw == ['inputs'] else f'({", ".join(raw)})'
+      raise ValueError(f'predict takes {len(raw)} input{"s" * (len(raw) != 1)} for task '
+                       f'{self.task.name!r} ({", ".join(raw)}), got {len(inputs)}: '
+                       f'predict{example}.')
 
   def _check_abacus_range(self, batch: dict, inputs: tuple) -> None:
     """ValueError naming `inputs` when writing their answer would read an
@@ -152,6 +167,11 @@ def load(run_dir: str) -> Trained:
   if not os.path.isdir(run_dir):
     raise ConfigError(f'{run_dir}: no such folder; expected a run (config.json and '
                       'checkpoints/).')
+  if held(run_dir) == 'suite':
+    raise ConfigError(f'{run_dir} holds {MADE_BY["suite"]}, whose checkpoints hold the '
+                      'tasks of a group trained in one program, which load does not read '
+                      '(its results: results.csv and summary.md there); load a run of a '
+                      'decoder study or of experiments.train.')
   config = identity.read_config(run_dir)
   if config is None:
     runs = sorted(os.path.relpath(os.path.dirname(p), run_dir)

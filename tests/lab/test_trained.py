@@ -128,8 +128,13 @@ class RefusalTest(chex.TestCase):
     for a, b in ((1.5, 2), (-1, 2), (True, 1), ('12', 3)):
       with self.assertRaisesRegex(ValueError, r'addition: a=.* must be an integer >= 0'):
         self.addition.predict(a, b)
-    with self.assertRaisesRegex(TypeError, 'missing 1 required positional argument'):
+    # As many raw inputs as the task's encode takes, whatever the task.
+    with self.assertRaisesRegex(ValueError, r"predict takes 2 inputs for task 'addition' "
+                                r'\(a, b\), got 1: predict\(a, b\)\.'):
       self.addition.predict(12)
+    with self.assertRaisesRegex(ValueError, r"predict takes 1 input for task 'copy' "
+                                r'\(inputs\), got 3: predict\(\[3, 1, 4\]\)\.'):
+      self.copy.predict(3, 1, 4)
 
   def test_coupled_run_without_positions_is_refused(self):
     with self.assertRaisesRegex(ValueError, 'trained on coupled position ids .* pass '

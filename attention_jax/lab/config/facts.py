@@ -11,6 +11,7 @@ options (`resolve_options`) for its hash and workdir identity.
 
 import dataclasses
 import inspect
+import re
 
 import jax.numpy as jnp
 import ml_collections
@@ -267,8 +268,11 @@ def normalization(config: ml_collections.ConfigDict) -> Normalization:
 def encoding_layers(config: ml_collections.ConfigDict):
   """`model.encoding_layers` as `TransformerLM` takes it: None (absent or
   None: every layer), a pattern string ('rope/64,none', `nn.layer_pattern`)
-  or a tuple of layer indices."""
+  or a tuple of layer indices, also as the command line gives them (the
+  field holds a string: '(0,)', '0,2')."""
   layers = config.model.get('encoding_layers')
+  if isinstance(layers, str) and re.fullmatch(r'\s*\(?\s*\d+(\s*,\s*\d+)*\s*,?\s*\)?\s*', layers):
+    return tuple(int(i) for i in re.findall(r'\d+', layers))
   return layers if layers is None or isinstance(layers, str) else tuple(layers)
 
 

@@ -226,11 +226,13 @@ def check_fields(config: ml_collections.ConfigDict, *, study: bool = False) -> N
     for name in ('tasks', 'models', 'seeds'):
       _require(len(config.study[name]) >= 1, f'study.{name} is empty; name at least one.')
     seeds = tuple(config.study.seeds)
-    _require(all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in seeds)
-             and len(set(seeds)) == len(seeds),
-             f'study.seeds={seeds!r} must be distinct integers >= 0 (a run directory '
+    _require(all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in seeds),
+             f'study.seeds={seeds!r} must be integers >= 0 (a run directory '
              'seedN-K is a retrained sibling, so negative seeds are refused); '
              "three seeds are --config.study.seeds='(0,1,2)', a bare 3 is seed 3 alone.")
+    repeated = sorted({x for x in seeds if seeds.count(x) > 1})
+    _require(not repeated, f'study.seeds={seeds!r} repeats {", ".join(map(str, repeated))}; '
+             'give each seed once (one run directory per seed).')
   _check_names((config.study.get('on_mismatch', 'error'),), ON_MISMATCH, 'study.on_mismatch')
   _check_names((config.study.get('on_locked', 'refuse'),), ON_LOCKED, 'study.on_locked')
   check_shard(config.study.get('shard', ()))

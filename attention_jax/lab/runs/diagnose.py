@@ -132,6 +132,7 @@ def run_diagnostics(config: Optional[ml_collections.ConfigDict], workdir: str, *
   with stop_requests():
     for run, run_dir in zip(runs, run_dirs):
       raise_if_stopped('while drawing the attention maps (nothing to resume: run it again)')
+      log(f'{run_label(run.config)}: the model of {run_dir}')  # which run (seedN or a sibling)
       curves[run_label(run.config)] = _draw(run, load_trained(run, run_dir), workdir,
                                             train_max, long, num_examples, log)
     _failures(config, workdir, runs, run_dirs, log)

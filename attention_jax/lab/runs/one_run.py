@@ -34,6 +34,7 @@ from attention_jax.lab.runs import plan
 from attention_jax.lab.config.entries import run_label
 from attention_jax.lab.runs.run_files import write_run
 from attention_jax.lab.runs.timing import Stopwatch
+from attention_jax.lab.runs.workdir_checks import refuse_another_kind
 from attention_jax.lab.train import make_optimizer
 from attention_jax.lab.train import train
 from attention_jax.lab.train import train_seeds
@@ -91,6 +92,7 @@ def run_one(config: ml_collections.ConfigDict, workdir: str,
   run = checked_run(config)  # resolved once: every stage below reads the record
   config = run.config
   with stop_requests():
+    refuse_another_kind(workdir, 'run')  # a study's or the suite's results
     run_dir = identity.resolve(workdir, config)
     if run_dir != workdir and log:
       log(f'{workdir} holds a run of another config; training into {run_dir}')

@@ -29,6 +29,7 @@ from attention_jax.lab.train.interrupt import raise_if_stopped
 from attention_jax.lab.train.interrupt import stage
 from attention_jax.lab.train.loop import load_trained
 from attention_jax.lab.runs import one_run
+from attention_jax.lab.runs.workdir_checks import refuse_another_kind
 from attention_jax.lab.runs.one_run import OnTrained
 
 
@@ -76,6 +77,7 @@ class Study:
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str,
                log: Callable[[str], None], on_trained: Optional[OnTrained] = None):
+    refuse_another_kind(workdir, 'study')  # a suite's or one run's: refused, nothing written
     self.runs = plan.plan_study(config, workdir)
     one_study.check(config, workdir, self.runs)  # another study's runs: refused, nothing written
     self.config, self.workdir, self.log = config, workdir, log

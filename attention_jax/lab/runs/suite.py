@@ -49,6 +49,7 @@ from attention_jax.lab.config.suite_config import check_workdir
 from attention_jax.lab.config.suite_config import identity
 from attention_jax.lab.config.suite_config import validate
 from attention_jax.lab.runs import runner
+from attention_jax.lab.runs.workdir_checks import refuse_another_kind
 from attention_jax.lab.evaluate import suite_hard as hard_set
 from attention_jax.lab.protocols import encoder_layout
 from attention_jax.lab.protocols import encoder
@@ -163,6 +164,7 @@ class Suite:
   def __init__(self, config: ml_collections.ConfigDict, workdir: str,
                log: Callable[[str], None]):
     validate(config)
+    refuse_another_kind(workdir, 'suite')  # a decoder study's or one run's
     check_workdir(config, workdir)
     self.config, self.workdir, self.log = config, workdir, log
     self.found = {}  # records by setting

@@ -1,16 +1,67 @@
 """A `--workdir` before anything runs, and after a start that failed.
 
 `check_workdir` refuses one that cannot hold the outputs, by a real write;
-`remove_partial` removes what an invocation made and did not finish (out of
-memory at the first compile), keeping finished checkpoints and what was
-there before (`folders`).
+`refuse_another_kind` one that holds another entry point's results (their
+results.csv and summary.md would be replaced); `remove_partial` removes
+what an invocation made and did not finish (out of memory at the first
+compile), keeping finished checkpoints and what was there before
+(`folders`).
 """
 
+import glob
+import json
 import os
 import shutil
 import tempfile
+from typing import Optional
 
 from attention_jax.lab.errors import ConfigError
+
+# What makes each kind of workdir (`held`).
+MADE_BY = {
+    'study': 'a decoder study (experiments.length_extrapolation)',
+    'suite': "DeepMind's suite (experiments.chomsky)",
+    'run': 'one run (experiments.train)',
+}
+
+
+def held(path: str) -> Optional[str]:
+  """The kind of workdir `path` is already, by what it holds: 'suite' (its
+  settings/, or a top config.json recording the suite's identity), 'study'
+  (runs in TASK/LABEL/seedN/, in either layout, or a results.csv without a
+  top config.json), 'run' (a top config.json of one run); None for a
+  folder that is none of them (new, or empty)."""
+  if not os.path.isdir(path):
+    return None
+  top = os.path.join(path, 'config.json')
+  if os.path.isdir(os.path.join(path, 'settings')):
+    return 'suite'
+  for layout in ('', 'runs'):
+    if glob.glob(os.path.join(glob.escape(path), layout, '*', '*', 'seed*', 'config.json')):
+      return 'study'
+  if os.path.exists(top):
+    try:
+      with open(top) as f:
+        stored = json.load(f)
+    except (OSError, ValueError):
+      stored = None  # damaged: the checks of the run it belongs to name it
+    return 'suite' if isinstance(stored, dict) and 'identity' in stored else 'run'
+  return 'study' if os.path.exists(os.path.join(path, 'results.csv')) else None
+
+
+def refuse_another_kind(path: str, kind: str) -> None:
+  """Refuses a `--workdir` that holds another kind's results (`held`): a
+  workdir holds one kind of run, and this one's results.csv and summary.md
+  would replace the other's.
+
+  Raises:
+    ConfigError: naming what the workdir holds and what this command writes.
+  """
+  found = held(path)
+  if found is not None and found != kind:
+    raise ConfigError(f'--workdir={path} holds {MADE_BY[found]}; this command writes '
+                      f'{MADE_BY[kind]}, whose results.csv and summary.md would replace '
+                      "that one's: a workdir holds one kind of run; use another --workdir.")
 
 
 def check_workdir(path: str) -> None:

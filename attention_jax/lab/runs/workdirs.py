@@ -28,6 +28,8 @@ from attention_jax.lab.report import results
 from attention_jax.lab.runs import plan
 from attention_jax.lab.config.entries import run_label
 from attention_jax.lab.errors import ConfigError
+from attention_jax.lab.runs.workdir_checks import MADE_BY
+from attention_jax.lab.runs.workdir_checks import held
 
 EXPECTED = ('a study workdir (results.csv or TASK/LABEL/seedN/, from '
             'experiments.length_extrapolation) or a run workdir (config.json and '
@@ -54,6 +56,10 @@ def kind(path: str) -> str:
   """'study' or 'run' (see the module docstring); a `ConfigError` otherwise."""
   if not os.path.isdir(path):
     raise ConfigError(f'--workdir={path}: no such folder; expected {EXPECTED}.')
+  if held(path) == 'suite':
+    raise ConfigError(f'--workdir={path} holds {MADE_BY["suite"]}: its results are the '
+                      'results.csv, summary.md and chomsky.png in it; this tool reads '
+                      f'{EXPECTED}.')
   if run_files(path, 'config.json') or (
       os.path.exists(os.path.join(path, 'results.csv'))
       and not os.path.exists(os.path.join(path, 'config.json'))):

@@ -371,8 +371,9 @@ class ConfigErrorTest(parameterized.TestCase):
       validate_config(_config(**overrides))
 
   def test_study_seeds_are_distinct_and_not_negative(self):
-    for seeds, message in (((-1,), r'study.seeds=\(-1,\) must be distinct integers >= 0'),
-                           ((0, 0), r'study.seeds=\(0, 0\) must be distinct.*bare 3')):
+    for seeds, message in (((-1,), r'study.seeds=\(-1,\) must be integers >= 0.*bare 3'),
+                           ((0, 0), r'study.seeds=\(0, 0\) repeats 0; give each seed once'),
+                           ((1, 2, 1, 2), r'repeats 1, 2; give each seed once')):
       with self.assertRaisesRegex(ConfigError, message):
         validate_config(_config(study__seeds=seeds), study=True)
     validate_config(_config(study__seeds=(3,)), study=True)
