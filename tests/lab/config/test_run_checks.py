@@ -55,6 +55,17 @@ class RunChecksTest(parameterized.TestCase):
                                 r'the randomized range \[0, \d+\) of a learned table'):
       validate_config(c, study=True)
 
+  def test_layer_indices_as_the_command_line_gives_them(self):
+    # The field holds a string (a pattern, or None): '(0,)' and '0,1' are indices.
+    for text, layers in (('(0,)', (0,)), ('0,1', (0, 1)), (' (1, 0) ', (1, 0))):
+      run = checked_run(_tiny(model__num_layers=2, model__encoding_layers=text))
+      self.assertEqual(run.model_arguments['encoding_layers'], layers)
+    self.assertEqual(checked_run(_tiny(model__num_layers=2, model__encoding_layers='rope/4,none')
+                                 ).model_arguments['encoding_layers'], 'rope/4,none')
+    with self.assertRaisesRegex(ConfigError, r'model.encoding_layers=\(5,\) must be distinct '
+                                r'layer indices in 0 … 1'):
+      checked_run(_tiny(model__num_layers=2, model__encoding_layers='(5,)'))
+
   @parameterized.named_parameters(
       ('pack', dict(task__pack=0), r'task.pack=0 must be an integer >= 1'),
       ('pack_segments', dict(task__pack_segments=-1), r'task.pack_segments=-1 must be'),
