@@ -186,9 +186,11 @@ def _config_check(check, config: ml_collections.ConfigDict) -> None:
     raise ConfigError(str(e)) from None
 
 
-def check_fields(config: ml_collections.ConfigDict, *, study: bool = False) -> None:
+def check_fields(config: ml_collections.ConfigDict, *,
+                 study: bool = False) -> list[ml_collections.ConfigDict]:
   """Checks the fields of one run's config, or with `study=True` of the
-  sweep's (every entry's model included)."""
+  sweep's (every entry's model included); returns the transformer entries'
+  configs it checked (`entry_configs`; none without a transformer)."""
   t, m, tr, ev = config.task, config.model, config.train, config.eval
   _check_positive(t, ('vocab_size', 'train_min_length', 'train_max_length'), 'task')
   _check_positive(m, ('d_model', 'num_heads', 'num_layers', 'mlp_dim', 'rnn_hidden_dim'),
@@ -245,7 +247,7 @@ def check_fields(config: ml_collections.ConfigDict, *, study: bool = False) -> N
            f"train.mesh={tr.get('mesh')!r} shards the transformer's named parameter axes; "
            f"model.kind={sharded[0] if sharded else ''!r} has none: use train.mesh='data'.")
   if 'transformer' not in kinds:
-    return  # the remaining checks concern transformers only
+    return []  # the remaining checks concern transformers only
 
   _require(m.d_model % m.num_heads == 0,
            f'model.num_heads={m.num_heads} must divide model.d_model={m.d_model}.')
@@ -280,6 +282,7 @@ def check_fields(config: ml_collections.ConfigDict, *, study: bool = False) -> N
     head_dim = m.d_model // m.num_heads
     _require(head_dim % 2 == 0,
              f"'rope' needs an even head_dim; model.d_model // model.num_heads = {head_dim}.")
+  return asked
 
 
 def entry_configs(config: ml_collections.ConfigDict, *,

@@ -25,12 +25,12 @@ _PREFIX = 'invalid config: '
 def validate_config(config: ml_collections.ConfigDict, *,
                     study: bool = False) -> list[ResolvedRun]:
   """Checks one run's config, or with `study=True` every run of the sweep
-  (each seed's run differs from the first seed's only in its parameters,
-  so the records are the first seed's). Returns the records checked: for
-  one run, its record (`checked_run`)."""
-  field_checks.check_fields(config, study=study)
+  (a run's seed changes only its parameters, so each setup is checked once,
+  at the config's own `train.seed`). Returns the records checked: for one
+  run, its record (`checked_run`)."""
+  entries = field_checks.check_fields(config, study=study)
   records = []
-  for c in run_shapes(config, study=study):
+  for c in _run_shapes(config, entries, study=study):
     run = _resolved(c)
     refusal = run_checks.refusal(run)
     if refusal is not None:
@@ -51,14 +51,13 @@ def checked_run(config: ml_collections.ConfigDict) -> ResolvedRun:
   return validate_config(config)[0]
 
 
-def run_shapes(config: ml_collections.ConfigDict, *,
+def _run_shapes(config: ml_collections.ConfigDict, entries: list, *,
                study: bool = False) -> list[ml_collections.ConfigDict]:
   """The config of each run `config` asks for, its seed aside: tasks ×
-  model kinds × (transformer entries, or the kind alone), or `[config]`."""
+  model kinds × (the transformer `entries`' configs, `check_fields`', or
+  the kind alone), or `[config]`."""
   if not study:
     return [config]
-  entries = (field_checks.entry_configs(config, study=True)
-             if 'transformer' in config.study.models else [])
   out = []
   for task in config.study.tasks:
     for kind in config.study.models:

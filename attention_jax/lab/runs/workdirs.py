@@ -56,17 +56,14 @@ def kind(path: str) -> str:
   """'study' or 'run' (see the module docstring); a `ConfigError` otherwise."""
   if not os.path.isdir(path):
     raise ConfigError(f'--workdir={path}: no such folder; expected {EXPECTED}.')
-  if held(path) == 'suite':
+  found = held(path)
+  if found == 'suite':
     raise ConfigError(f'--workdir={path} holds {MADE_BY["suite"]}: its results are the '
                       'results.csv, summary.md and chomsky.png in it; this tool reads '
                       f'{EXPECTED}.')
-  if run_files(path, 'config.json') or (
-      os.path.exists(os.path.join(path, 'results.csv'))
-      and not os.path.exists(os.path.join(path, 'config.json'))):
-    return 'study'
-  if os.path.exists(os.path.join(path, 'config.json')):
-    return 'run'
-  raise ConfigError(f'--workdir={path} holds neither; expected {EXPECTED}.')
+  if found is None:
+    raise ConfigError(f'--workdir={path} holds neither; expected {EXPECTED}.')
+  return found
 
 
 def run_files(workdir: str, filename: str) -> list[str]:

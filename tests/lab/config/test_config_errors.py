@@ -28,6 +28,7 @@ from attention_jax.lab.runs import process
 from attention_jax.lab.train.interrupt import TrainingInterrupted
 from attention_jax.lab.errors import ConfigError
 from attention_jax.lab.config.validate import validate_config
+from tests.lab.configs import with_fields
 from configs import copy as copy_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
@@ -213,11 +214,7 @@ class ParseFlagsTest(parameterized.TestCase):
 
 
 def _config(**overrides):
-  c = copy_config.get_config('scale=tiny')
-  for key, value in overrides.items():  # section__field=value, or field=value
-    section, _, field = key.rpartition('__')
-    (c[section] if section else c)[field] = value
-  return c
+  return with_fields(copy_config.get_config('scale=tiny'), **overrides)
 
 
 class ValidateTest(parameterized.TestCase):

@@ -10,15 +10,12 @@ from attention_jax.lab.config.resolved import resolve
 from attention_jax.lab.config.validate import checked_run
 from attention_jax.lab.config.validate import validate_config
 from attention_jax.lab.errors import ConfigError
+from tests.lab.configs import with_fields
 from configs import copy as copy_config
 
 
 def _tiny(**fields):
-  c = copy_config.get_config('scale=tiny')
-  for key, value in fields.items():
-    section, name = key.split('__')
-    c[section][name] = value
-  return c
+  return with_fields(copy_config.get_config('scale=tiny'), **fields)
 
 
 class RunChecksTest(parameterized.TestCase):

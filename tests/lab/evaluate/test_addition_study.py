@@ -15,6 +15,7 @@ from attention_jax.lab.report import plots
 from attention_jax.lab.evaluate import grid
 from attention_jax.lab.runs.study import run_study
 from attention_jax.lab.config.resolved import resolve
+from tests.lab.configs import with_fields
 
 
 def _config(**overrides):
@@ -22,10 +23,7 @@ def _config(**overrides):
   c = addition.get_config('scale=tiny')
   c.study.seeds = (0,)
   c.study.parallel_setups = 1
-  for key, value in overrides.items():
-    section, name = key.split('__')
-    c[section][name] = value
-  return c
+  return with_fields(c, **overrides)
 
 
 class GridTest(chex.TestCase):

@@ -33,6 +33,7 @@ from attention_jax.lab.runs.one_run import run_one
 from attention_jax.lab.runs.study import run_study
 from attention_jax.lab.errors import ConfigError
 from attention_jax.lab.config.validate import validate_config
+from tests.lab.configs import with_fields
 from configs import addition as addition_config
 from configs import copy as copy_config
 
@@ -51,9 +52,7 @@ def _config(**overrides):
   # vmapped group equals them to float tolerance only: tests/lab/train/test_seeds.py).
   c.study.vmap_seeds = False
   c.train.update(checkpoint_every=2, checkpoint_keep=3)  # checkpoints 2, 4 and 5
-  for key, value in overrides.items():  # section__field=value
-    c[key.split('__')[0]][key.split('__')[1]] = value
-  return c
+  return with_fields(c, **overrides)
 
 
 def setUpModule():

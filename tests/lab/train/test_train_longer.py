@@ -35,6 +35,7 @@ from attention_jax.lab.train.interrupt import TIME_BUDGET
 from attention_jax.lab.train.interrupt import TrainingInterrupted
 from attention_jax.lab.train.optimizer import learning_rate_schedule
 from attention_jax.lab.errors import ConfigError
+from tests.lab.configs import with_fields
 from configs import copy as copy_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
@@ -45,9 +46,7 @@ def _config(**overrides):
   c = copy_config.get_config('scale=tiny,encoding=none')
   c.eval.update(generate=False, lengths=(2, 4))
   c.study.vmap_seeds = False
-  for key, value in overrides.items():  # section__field=value
-    c[key.split('__')[0]][key.split('__')[1]] = value
-  return c
+  return with_fields(c, **overrides)
 
 
 def setUpModule():

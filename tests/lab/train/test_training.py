@@ -19,7 +19,6 @@ from flax import nnx
 
 import attention_jax
 from attention_jax.lab import evaluate
-from attention_jax.lab.protocols import decoder
 from attention_jax.lab import tasks
 from attention_jax.lab import train
 from attention_jax.lab.runs.study import run_study
@@ -29,15 +28,12 @@ from attention_jax.lab.train.interrupt import TrainingInterrupted
 from attention_jax.lab.train.interrupt import combined
 from attention_jax.lab.config.validate import validate_config
 from attention_jax.lab.config.resolved import resolve
+from tests.lab.configs import with_fields
 from configs import copy as copy_config
 
 
 def _tiny(**overrides):
-  c = copy_config.get_config('scale=tiny')
-  for key, value in overrides.items():
-    section, name = key.split('.')
-    c[section][name] = value
-  return c
+  return with_fields(copy_config.get_config('scale=tiny'), **overrides)
 
 
 class LearningTest(absltest.TestCase):
