@@ -77,7 +77,9 @@ def get_config(arg=None):
       arg, dict(scale='cpu', tasks=TASKS, encodings=ENCODINGS), choices=dict(scale=SCALES),
       lists=('tasks', 'encodings'), example='configs/chomsky.py:scale=tiny,tasks=parity_check')
   c = ml_collections.ConfigDict()
-  c.kind = 'chomsky'  # what a workdir of this config holds (experiments.chomsky)
+  # How a model reads its tasks and is scored: 'encoder' (every output
+  # written at once into blank slots, DeepMind's) | 'decoder' (configs/copy.py).
+  c.protocol = 'encoder'
   c.study = ml_collections.ConfigDict()
   c.study.tasks = tuple(options['tasks'])  # any of attention_jax.lab.tasks.SPECS
   c.study.encodings = tuple(options['encodings'])  # registry names, NAME:randomized

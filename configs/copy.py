@@ -129,6 +129,10 @@ def get_config(arg=None):
   study = STUDIES[preset['study']]
   tasks = (preset['task'],) if preset['task'] else study['tasks']
   c = ml_collections.ConfigDict()
+  # How a model reads its tasks and is scored: 'decoder' (a causal decoder,
+  # teacher-forced and generated: this study) | 'encoder' (DeepMind's blank
+  # output slots, configs/chomsky.py). It chooses the benchmark that runs.
+  c.protocol = 'decoder'
 
   c.task = ml_collections.ConfigDict()
   c.task.name = tasks[0]  # copy | reverse | duplicate, or any of attention_jax.lab.tasks.TASKS

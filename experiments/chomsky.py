@@ -9,6 +9,10 @@ results.csv, summary.md and chomsky.png into --workdir. Re-running the same
 command skips finished settings and resumes a group in training from its
 checkpoint; on a cluster, a job array shares the work (`study.shard`). See configs/chomsky.py for presets,
 expected results and runtime.
+
+The config's `protocol` chooses the benchmark (`lab.runs.benchmarks`): this
+is experiments.length_extrapolation with the suite's default config and
+workdir, and a decoder config (`--config=copy`) runs the study here.
 """
 
 import sys
@@ -17,13 +21,13 @@ from absl import app
 from absl import flags
 
 from attention_jax.lab.config import presets
-from attention_jax.lab.report import suite_report
-from attention_jax.lab.runs.suite import run_suite
-from attention_jax.lab.runs.process import entry_point
+from attention_jax.lab.config.command_line import check_study_overrides
 from attention_jax.lab.config.command_line import parse_flags
-from attention_jax.lab.train.divergence import DIVERGED
+from attention_jax.lab.runs import benchmarks
+from attention_jax.lab.runs.process import entry_point
 
-_CONFIG = presets.DEFINE_config_file('config', 'chomsky', 'Suite configuration.')
+_CONFIG = presets.DEFINE_config_file('config', 'chomsky', 'Suite configuration.',
+                                     protocols=presets.PROTOCOLS)
 _WORKDIR = flags.DEFINE_string('workdir', 'runs/chomsky', 'Where outputs are written.')
 
 
@@ -31,15 +35,9 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   with entry_point(_CONFIG.value, _WORKDIR.value):
-    records = run_suite(_CONFIG.value, _WORKDIR.value)
-  if records is None:  # a shard whose siblings are still training
-    return
-  print(open(f'{_WORKDIR.value}/summary.md').read())
-  print(f'Figure: {_WORKDIR.value}/chomsky.png')
-  diverged = suite_report.diverged_message(records)
-  if diverged:  # after every setting and the outputs
-    print(diverged, file=sys.stderr)
-    sys.exit(DIVERGED)
+    check_study_overrides()
+    finished = benchmarks.run_benchmark(_CONFIG.value, _WORKDIR.value)
+  sys.exit(benchmarks.show(finished))
 
 
 if __name__ == '__main__':

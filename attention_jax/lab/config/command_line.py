@@ -17,6 +17,7 @@ import ml_collections
 from absl import flags
 
 from attention_jax.lab.config.renamed import RENAMED
+from attention_jax.lab.config.presets import protocol_presets
 from attention_jax.lab.errors import ConfigError
 from attention_jax.lab.runs.process import quiet_logs
 from attention_jax.lab.runs.process import usage_exit
@@ -116,6 +117,11 @@ def _split_overrides(argv: list, config: ml_collections.ConfigDict):
       raise ConfigError(f'--config.{path}: {parts[2]!r} has no options in the config yet; set '
                         f'them one at a time, --config.{path}.OPTION=VALUE.')
     _check_path(config, path)
+    if path == 'protocol':
+      # The protocol decides which fields a config has (its preset's); the
+      # other protocol's benchmark would not find them.
+      raise ConfigError(f'--config.protocol: the protocol is the config file\'s own; run a '
+                        f'config of that protocol instead: {protocol_presets()}.')
     kept.append(arg)
   return kept, options
 

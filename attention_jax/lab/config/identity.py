@@ -48,6 +48,7 @@ NOT_TRAINING = (
     'train.steps_per_call',  # steps fused per compiled call: the same training (to 1e-6)
     'train.mesh', 'train.model_parallel',  # where the state lives: the same training (to 1e-5)
     'progress', 'distributed', 'deterministic_gpu', 'imports',  # how the process runs
+    'protocol',  # which benchmark runs the config: a run directory is the decoder's alone
 )
 # Fields whose change re-evaluates a stored model.
 EVALUATION = ('eval.', 'positions.randomized_eval')

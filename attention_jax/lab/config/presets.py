@@ -71,18 +71,37 @@ def resolve(spec: str) -> str:
                     'or the path to a get_config file.')
 
 
-# What each kind of config runs under (a config's `kind` field; the copy
-# study's configs have none: 'study').
+# Which entry points run each protocol's configs (a config's `protocol`
+# field: how a model reads its tasks and is scored, lab/protocols/).
 ENTRY_POINTS = {
-    'study': 'experiments.length_extrapolation, train, seq2seq_bottleneck or attention_maps '
-             '(attention-jax-study, attention-jax-train, …)',
-    'chomsky': 'experiments.chomsky (attention-jax-chomsky)',
+    'decoder': 'experiments.length_extrapolation or experiments.chomsky, train, '
+               'seq2seq_bottleneck or attention_maps (attention-jax-study, attention-jax-train, …)',
+    'encoder': 'experiments.chomsky or experiments.length_extrapolation (attention-jax-chomsky)',
 }
+PROTOCOLS = tuple(ENTRY_POINTS)
+# Each protocol's packaged preset: the fields a config of the protocol has.
+FIELDS_OF = {'decoder': 'copy', 'encoder': 'chomsky'}
 
 
-def kind_of(config) -> str:
-  """Which entry points take `config`: its `kind` field, 'study' without one."""
-  return config.get('kind', 'study') if hasattr(config, 'get') else 'study'
+def protocol_of(config) -> str:
+  """`config.protocol`: 'decoder' (a causal decoder, teacher-forced and
+  generated: the copy study, addition, flip-flop) or 'encoder' (DeepMind's
+  blank output slots: configs/chomsky.py); 'decoder' where a config has none.
+
+  Raises:
+    ConfigError: for any other value, or for the field's older name `kind`.
+  """
+  if not hasattr(config, 'get'):
+    return 'decoder'
+  if 'kind' in config:
+    older = config.get('kind')
+    raise ConfigError(f"invalid config: the field kind={older!r} is named protocol now: "
+                      f"protocol={'encoder' if older == 'chomsky' else 'decoder'!r} "
+                      f'(one of {PROTOCOLS}).')
+  protocol = config.get('protocol', 'decoder')
+  if protocol not in PROTOCOLS:
+    raise ConfigError(f'invalid config: protocol={protocol!r}; choose from {PROTOCOLS}.')
+  return protocol
 
 
 def _load(spec: str):
@@ -94,19 +113,59 @@ def _load(spec: str):
   return module.get_config(arg) if arg else module.get_config()
 
 
+def protocol_presets() -> str:
+  """The packaged presets of each protocol, in words."""
+  return '; '.join(f'{p}: {", ".join(presets_of((p,)))}' for p in PROTOCOLS)
+
+
+def check_protocol_fields(config) -> None:
+  """Refuses a config whose fields are the other protocol's: one made from
+  the other protocol's preset that names this protocol, say, which the
+  benchmark would fail inside. Each protocol's own fields are those of its
+  preset (`FIELDS_OF`) that the other's lacks; a config has more of its
+  protocol's own fields than of the other's (a config of a preset derived
+  from its protocol's may drop or add a few).
+
+  Raises:
+    ConfigError: naming the protocol, the other's fields the config has and
+      the preset whose fields a config of the protocol has.
+  """
+  protocol = protocol_of(config)
+  other, = (p for p in PROTOCOLS if p != protocol)
+  fields = {p: set(_flat_keys(_load(FIELDS_OF[p]))) for p in PROTOCOLS}
+  own = {protocol: fields[protocol] - fields[other], other: fields[other] - fields[protocol]}
+  have = set(_flat_keys(config))
+  if len(have & own[other]) > len(have & own[protocol]):
+    theirs = sorted(have & own[other])
+    raise ConfigError(f'invalid config: protocol={protocol!r}, but its fields are the {other} '
+                      f'protocol\'s ({len(theirs)} of configs/{FIELDS_OF[other]}.py\'s own: '
+                      f'{", ".join(theirs[:3])}, …); a config of protocol {protocol!r} has '
+                      f'the fields of configs/{FIELDS_OF[protocol]}.py.')
+
+
+def _flat_keys(config, prefix: str = '') -> list[str]:
+  out = []
+  for key, value in config.items():
+    if hasattr(value, 'items'):
+      out += _flat_keys(value, f'{prefix}{key}.')
+    else:
+      out.append(prefix + key)
+  return out
+
+
 @functools.lru_cache(maxsize=None)
-def presets_of(kind: str) -> tuple[str, ...]:
-  """The packaged presets whose get_config() is of `kind` (each file run
-  once per process: the packaged presets do not change while it runs)."""
-  return tuple(name for name in available() if kind_of(_load(name)) == kind)
+def presets_of(protocols: tuple[str, ...]) -> tuple[str, ...]:
+  """The packaged presets whose get_config() is of one of `protocols` (each
+  file run once per process: the packaged presets do not change while it runs)."""
+  return tuple(name for name in available() if protocol_of(_load(name)) in protocols)
 
 
 class _PresetParser(flags.ArgumentParser):
   """ml_collections' config-file parser, on the resolved preset; a config
-  of another kind than the default's (another entry point's) is refused."""
+  of a protocol the entry point does not run (another entry point's) is refused."""
 
-  def __init__(self, parser: flags.ArgumentParser, kind: str):
-    self._parser, self.kind = parser, kind
+  def __init__(self, parser: flags.ArgumentParser, protocols: tuple[str, ...]):
+    self._parser, self.protocols = parser, protocols
 
   def parse(self, argument):
     try:
@@ -131,21 +190,24 @@ class _PresetParser(flags.ArgumentParser):
       usage_exit(f'--config={argument}: {resolved.partition(":")[0]} defines no '
                   'get_config(); a config file defines get_config() (or get_config(arg) for '
                   '--config=FILE:arg) returning an ml_collections.ConfigDict.')
-    if kind_of(config) != self.kind:
-      usage_exit(f'--config={argument}: a {kind_of(config)!r} config, for '
-                  f'{ENTRY_POINTS.get(kind_of(config), "another entry point")}; this entry '
-                  f'point takes {self.kind!r} configs: the presets '
-                  f'{", ".join(presets_of(self.kind))}, or a file of that kind.')
+    try:
+      protocol = protocol_of(config)
+    except ConfigError as e:
+      usage_exit(f'--config={argument}: {e}')
+    if protocol not in self.protocols:
+      usage_exit(f'--config={argument}: a config of protocol {protocol!r}, for '
+                  f'{ENTRY_POINTS[protocol]}; this entry point takes protocol '
+                  f'{" or ".join(map(repr, self.protocols))}: the presets '
+                  f'{", ".join(presets_of(self.protocols))}, or a file of that protocol.')
     return config
 
   def flag_type(self):
     return self._parser.flag_type()
 
 
-
-
 def DEFINE_config_file(name: str, default: str, help_string: str,  # pylint: disable=invalid-name
-                       flag_values: flags.FlagValues = flags.FLAGS) -> flags.FlagHolder:
+                       flag_values: flags.FlagValues = flags.FLAGS,
+                       protocols: tuple[str, ...] = ()) -> flags.FlagHolder:
   """ml_collections' DEFINE_config_file, taking preset names as well as paths.
 
   Args:
@@ -154,13 +216,16 @@ def DEFINE_config_file(name: str, default: str, help_string: str,  # pylint: dis
       resolved now, so that it never depends on the current folder.
     help_string: the flag's help.
     flag_values: where the flag is defined (absl's global FLAGS by default).
+    protocols: the protocols whose configs the entry point runs; () = the
+      default's alone.
 
   Returns:
     The flag's holder; `.value` is the ConfigDict.
   """
-  # Loaded for its kind: an entry point takes the configs of its default's kind.
-  kind = kind_of(_load(default))
-  mine = presets_of(kind)
+  # Loaded for its protocol: an entry point takes the configs of its
+  # default's protocol unless it names the protocols it runs.
+  protocols = tuple(protocols) or (protocol_of(_load(default)),)
+  mine = presets_of(protocols)
   example = default if default in mine else mine[0]
   # Overrides are read from the command line command_line.parse_flags
   # checked (it fills this list), never at import time.
@@ -170,7 +235,7 @@ def DEFINE_config_file(name: str, default: str, help_string: str,  # pylint: dis
       f'e.g. --{name}={example}:scale=tiny) or the path to a get_config file.',
       flag_values=flag_values, sys_argv=checked)
   flag = flag_values[name]
-  flag.parser = _PresetParser(flag.parser, kind)
+  flag.parser = _PresetParser(flag.parser, protocols)
   flag.checked_argv = checked
   # A key flag of the entry point's module, so that its --help lists it
   # (absl lists the main module's own and key flags; this one is defined in

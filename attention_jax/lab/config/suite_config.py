@@ -36,8 +36,11 @@ _NOT_COMPUTED = (('study', 'tasks'), ('study', 'encodings'), ('study', 'learning
 
 def _renamed(stored: dict) -> dict:
   """A stored identity with the older fields (`renamed.RENAMED`: the suite
-  once named them otherwise) under today's names."""
+  once named them otherwise, and `kind='chomsky'` its protocol) under today's names."""
   out = json.loads(json.dumps(stored))
+  if out.get('kind') == 'chomsky':  # the field that named the encoder protocol's configs
+    del out['kind']
+    out['protocol'] = 'encoder'
   for (group, key), (new_group, new_key) in RENAMED.items():
     if isinstance(out.get(group), dict) and key in out[group]:
       out.setdefault(new_group, {})[new_key] = out[group].pop(key)

@@ -33,6 +33,9 @@ from attention_jax.lab.report import published
 from attention_jax.lab.tasks import SPECS
 from attention_jax.lab.train.divergence import DIVERGED
 
+# The suite's figure: tasks × encodings, grouped by Chomsky level.
+FIGURE = 'chomsky.png'
+
 LEVEL_TITLES = {'regular': 'Regular (R)', 'context_free': 'Deterministic context-free (DCF)',
                 'context_sensitive': 'Context-sensitive (CS)'}
 SCORES = ('score_official', 'score_plain', 'in_range')
@@ -88,7 +91,7 @@ def diverged_text(record: dict) -> str:
 
 
 def diverged_message(records: list[dict]) -> Optional[str]:
-  """experiments/chomsky.py's last line when a seed diverged; None if none."""
+  """The entry points' last line when a seed diverged; None if none."""
   runs = [f"{r['task']} × {r['encoding']} (lr {r['learning_rate']:g}): {diverged_text(r)}"
           for r in records if diverged_text(r)]
   if not runs:
@@ -115,7 +118,7 @@ def write_outputs(records: list[dict], config, workdir: str) -> None:
   encodings = list(config.study.encodings)
   result_files.write_text(os.path.join(workdir, 'summary.md'),
                      summary(combined, task_names, encodings, config))
-  figure(combined, task_names, encodings, os.path.join(workdir, 'chomsky.png'),
+  figure(combined, task_names, encodings, os.path.join(workdir, FIGURE),
          title=f'test lengths {config.task.train_max_length + 2}–{config.eval.max_length} '
                f'after training on {config.task.train_min_length}–{config.task.train_max_length}')
 

@@ -102,6 +102,9 @@ class ParseFlagsTest(parameterized.TestCase):
        r'--config.model.encoding_options.rope.OPTION=VALUE'),
       ('option_without_value', (TINY, '--config.model.encoding_options.rope.base'),
        r'encoding_options.rope.base needs a value: .*=VALUE'),
+      ('the_protocol', (TINY, '--config.protocol=encoder'),
+       r"^error: --config.protocol: the protocol is the config file's own; run a config of "
+       r'that protocol instead: decoder: addition, copy, flipflop, seq2seq; encoder: chomsky\.$'),
   )
   def test_bad_command_line_is_one_line(self, args, message):
     self.assertRegex(_exit_line(lambda: _parse(*args)), message)
@@ -295,32 +298,59 @@ def _process(*args):
                         text=True, timeout=300, env=env)
 
 
-class PresetKindTest(absltest.TestCase):
-  """Every entry point's --config against every packaged preset: a preset of
-  its own kind parses, another entry point's is one line naming both."""
+class PresetProtocolTest(absltest.TestCase):
+  """Every entry point's --config against every packaged preset: the two
+  benchmark entry points take either protocol (`config.protocol` chooses the
+  benchmark); the others take their default's protocol, and another's is
+  one line naming both."""
 
   def test_every_entry_point_with_every_preset(self):
-    defaults = set()
+    taken = {}  # default preset -> the protocols its entry point names
     for path in sorted((ROOT / 'experiments').glob('*.py')):
-      found = re.search(r"DEFINE_config_file\(\s*'config',\s*'(\w+)'", path.read_text())
+      found = re.search(r"DEFINE_config_file\(\s*'config',\s*'(\w+)'([^)]*)\)",
+                        path.read_text())
       if found:
-        defaults.add(found.group(1))
-    self.assertEqual(defaults, {'copy', 'seq2seq', 'chomsky'})
-    kinds = {name: presets.kind_of(presets._load(name)) for name in presets.available()}
-    self.assertEqual(kinds, {'addition': 'study', 'copy': 'study', 'flipflop': 'study',
-                             'seq2seq': 'study', 'chomsky': 'chomsky'})
-    for default in sorted(defaults):
-      for preset, kind in sorted(kinds.items()):
+        taken[path.stem] = (found.group(1), 'protocols=' in found.group(2))
+    self.assertEqual(taken, {'length_extrapolation': ('copy', True),
+                             'chomsky': ('chomsky', True), 'train': ('copy', False),
+                             'attention_maps': ('copy', False),
+                             'seq2seq_bottleneck': ('seq2seq', False)})
+    protocols = {name: presets.protocol_of(presets._load(name)) for name in presets.available()}
+    self.assertEqual(protocols, {'addition': 'decoder', 'copy': 'decoder', 'flipflop': 'decoder',
+                                 'seq2seq': 'decoder', 'chomsky': 'encoder'})
+    for default, both in sorted(set(taken.values())):
+      for preset, protocol in sorted(protocols.items()):
         flag_values = flags.FlagValues()
-        presets.DEFINE_config_file('config', default, '', flag_values=flag_values)
+        presets.DEFINE_config_file('config', default, '', flag_values=flag_values,
+                                   protocols=presets.PROTOCOLS if both else ())
         parse = lambda: flag_values['config'].parser.parse(f'{preset}:scale=tiny')
-        if kind == kinds[default]:
-          self.assertEqual(presets.kind_of(parse()), kind)
+        if both or protocol == protocols[default]:
+          self.assertEqual(presets.protocol_of(parse()), protocol)
           continue
         line = _exit_line(parse)
-        self.assertRegex(line, rf"^error: --config={preset}:scale=tiny: a '{kind}' config, "
-                               rf"for experiments.* this entry point takes '{kinds[default]}' "
-                               'configs: the presets ')
+        self.assertRegex(line, rf"^error: --config={preset}:scale=tiny: a config of protocol "
+                               rf"'{protocol}', for experiments.* this entry point takes "
+                               rf"protocol '{protocols[default]}': the presets ")
+
+  def test_a_protocol_outside_the_table_or_under_its_older_name_is_one_line(self):
+    for field, value, expected in (
+        ('protocol', 'encoders', r"protocol='encoders'; choose from \('decoder', 'encoder'\)"),
+        ('protocol', 'chomsky', r"protocol='chomsky'; choose from"),
+        ('kind', 'chomsky', r"the field kind='chomsky' is named protocol now: "
+                            r"protocol='encoder'")):
+      folder = tempfile.mkdtemp()
+      path = os.path.join(folder, 'mine.py')
+      with open(path, 'w') as f:
+        f.write('from configs import chomsky\n'
+                'def get_config():\n'
+                '  c = chomsky.get_config("scale=tiny")\n'
+                f'  c.{field} = {value!r}\n'
+                '  return c\n')
+      flag_values = flags.FlagValues()
+      presets.DEFINE_config_file('config', 'chomsky', '', flag_values=flag_values,
+                                 protocols=presets.PROTOCOLS)
+      line = _exit_line(lambda: flag_values['config'].parser.parse(path))
+      self.assertRegex(line, rf'^error: --config={re.escape(path)}: invalid config: {expected}')
 
 
 class EntryPointProcessTest(absltest.TestCase):
