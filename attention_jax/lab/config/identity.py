@@ -113,6 +113,10 @@ def trained_fields(config: ml_collections.ConfigDict) -> dict:
             and not (k.startswith('positions.') and not modifier)}
   if modifier and not flat.get('positions.max_position'):
     fields['eval.max_length'] = flat.get('eval.max_length')
+  if fields.get('model.encoding_layers') is not None:
+    # As the model reads it: layer indices from a file (0, 2) and from the
+    # command line ('(0, 2)', '0,2') are one config.
+    fields['model.encoding_layers'] = facts.encoding_layers(config)
   try:
     # The seed and the sweep do not shape the model: one build per setup.
     key = dict(config.to_dict(), study=None, train=dict(config.train.to_dict(), seed=0))

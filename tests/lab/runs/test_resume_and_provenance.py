@@ -11,6 +11,7 @@ import textwrap
 import time
 
 import chex
+import ml_collections
 import numpy as np
 from absl.testing import absltest
 import pytest
@@ -121,6 +122,18 @@ class ProvenanceTest(absltest.TestCase):
     c2 = copy_config.get_config()
     c2.train.learning_rate = 1e-4
     self.assertNotEqual(config_hash(run_configs(c2)[0]), config_hash(run_configs(c)[0]))
+
+  def test_layer_indices_are_one_config_however_written(self):
+    hashes = set()
+    for written in ('(0,)', '0', ' ( 0 , ) ', (0,), [0]):
+      # A plain dict's config (a variant's, a file's own) takes a tuple too.
+      c = ml_collections.ConfigDict(copy_config.get_config('encoding=rope,scale=tiny').to_dict())
+      c.model.encoding_layers = written
+      hashes.add(config_hash(c))
+    self.assertLen(hashes, 1)
+    c = copy_config.get_config('encoding=rope,scale=tiny')
+    c.model.encoding_layers = '1'
+    self.assertNotIn(config_hash(c), hashes)  # another layer is another model
 
 
 def _run(args, **kwargs):
