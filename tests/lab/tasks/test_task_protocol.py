@@ -10,8 +10,8 @@ from absl.testing import parameterized
 from attention_jax.lab import tasks
 from attention_jax.lab.tasks.protocol import Task
 
-METHODS = [name for name, member in vars(Task).items()
-           if callable(member) and not name.startswith('_')]
+# The protocol's methods, as `register_task` names what a task lacks.
+METHODS = [name for name in tasks.protocol_members() if callable(getattr(Task, name, None))]
 
 
 def _parameters(function):
@@ -41,6 +41,7 @@ class TaskProtocolTest(parameterized.TestCase):
     self.assertNotIsInstance(Partial(), Task)
     self.assertIn('example', METHODS)
     self.assertIn('coupled_positions', METHODS)
+    self.assertEqual(tasks.protocol_members()[:2], ['name', 'pack'])  # fields, then methods
 
 
 if __name__ == '__main__':
