@@ -120,8 +120,10 @@ def _split_overrides(argv: list, config: ml_collections.ConfigDict):
     if path == 'protocol':
       # The protocol decides which fields a config has (its preset's); the
       # other protocol's benchmark would not find them.
-      raise ConfigError(f'--config.protocol: the protocol is the config file\'s own; run a '
-                        f'config of that protocol instead: {protocol_presets()}.')
+      given = f'--config.protocol={value}' if value is not None else '--config.protocol'
+      raise ConfigError(f'{given}: the protocol is the config file\'s own (its fields are '
+                        f'that protocol\'s), not an override; run a config of the protocol '
+                        f'instead: {protocol_presets()}.')
     kept.append(arg)
   return kept, options
 

@@ -137,7 +137,9 @@ def check_protocol_fields(config) -> None:
   have = set(_flat_keys(config))
   if len(have & own[other]) > len(have & own[protocol]):
     theirs = sorted(have & own[other])
-    raise ConfigError(f'invalid config: protocol={protocol!r}, but its fields are the {other} '
+    named = f'protocol={protocol!r}' if 'protocol' in config else (
+        f'no protocol field (so {protocol!r})')
+    raise ConfigError(f'invalid config: {named}, but its fields are the {other} '
                       f'protocol\'s ({len(theirs)} of configs/{FIELDS_OF[other]}.py\'s own: '
                       f'{", ".join(theirs[:3])}, …); a config of protocol {protocol!r} has '
                       f'the fields of configs/{FIELDS_OF[protocol]}.py.')
@@ -192,6 +194,7 @@ class _PresetParser(flags.ArgumentParser):
                   '--config=FILE:arg) returning an ml_collections.ConfigDict.')
     try:
       protocol = protocol_of(config)
+      check_protocol_fields(config)  # before which entry point runs it: the fields decide
     except ConfigError as e:
       usage_exit(f'--config={argument}: {e}')
     if protocol not in self.protocols:

@@ -19,8 +19,8 @@ from attention_jax.lab.errors import ConfigError
 
 # What makes each kind of workdir (`held`).
 MADE_BY = {
-    'study': 'a decoder study (experiments.length_extrapolation)',
-    'suite': "DeepMind's suite (experiments.chomsky)",
+    'study': "a decoder study (a config of protocol 'decoder')",
+    'suite': "DeepMind's suite (a config of protocol 'encoder')",
     'run': 'one run (experiments.train)',
 }
 

@@ -103,8 +103,9 @@ class ParseFlagsTest(parameterized.TestCase):
       ('option_without_value', (TINY, '--config.model.encoding_options.rope.base'),
        r'encoding_options.rope.base needs a value: .*=VALUE'),
       ('the_protocol', (TINY, '--config.protocol=encoder'),
-       r"^error: --config.protocol: the protocol is the config file's own; run a config of "
-       r'that protocol instead: decoder: addition, copy, flipflop, seq2seq; encoder: chomsky\.$'),
+       r"^error: --config.protocol=encoder: the protocol is the config file's own \(its fields "
+       r"are that protocol's\), not an override; run a config of the protocol instead: "
+       r'decoder: addition, copy, flipflop, seq2seq; encoder: chomsky\.$'),
   )
   def test_bad_command_line_is_one_line(self, args, message):
     self.assertRegex(_exit_line(lambda: _parse(*args)), message)
@@ -332,25 +333,37 @@ class PresetProtocolTest(absltest.TestCase):
                                rf"'{protocol}', for experiments.* this entry point takes "
                                rf"protocol '{protocols[default]}': the presets ")
 
-  def test_a_protocol_outside_the_table_or_under_its_older_name_is_one_line(self):
-    for field, value, expected in (
-        ('protocol', 'encoders', r"protocol='encoders'; choose from \('decoder', 'encoder'\)"),
-        ('protocol', 'chomsky', r"protocol='chomsky'; choose from"),
-        ('kind', 'chomsky', r"the field kind='chomsky' is named protocol now: "
-                            r"protocol='encoder'")):
+  def test_a_protocol_outside_the_table_of_other_fields_or_older_name_is_one_line(self):
+    # A file of one's own on chomsky's preset (or copy's), then a line that
+    # changes its protocol, through every kind of entry point.
+    for preset, change, expected in (
+        ('chomsky', 'c.protocol = "encoders"',
+         r"protocol='encoders'; choose from \('decoder', 'encoder'\)"),
+        ('chomsky', 'c.protocol = "chomsky"', r"protocol='chomsky'; choose from"),
+        ('chomsky', 'del c["protocol"]; c.kind = "chomsky"',
+         r"the field kind='chomsky' is named protocol now: protocol='encoder'"),
+        ('chomsky', 'c.protocol = "decoder"',
+         r"protocol='decoder', but its fields are the encoder protocol's \(9 of "
+         r"configs/chomsky.py's own: .*\); a config of protocol 'decoder' has the fields of "
+         r'configs/copy.py\.$'),
+        ('chomsky', 'del c["protocol"]', r"no protocol field \(so 'decoder'\), but its fields "
+                                         "are the encoder protocol's"),
+        ('copy', 'c.protocol = "encoder"',
+         r"protocol='encoder', but its fields are the decoder protocol's")):
       folder = tempfile.mkdtemp()
       path = os.path.join(folder, 'mine.py')
       with open(path, 'w') as f:
-        f.write('from configs import chomsky\n'
+        f.write(f'from configs import {preset}\n'
                 'def get_config():\n'
-                '  c = chomsky.get_config("scale=tiny")\n'
-                f'  c.{field} = {value!r}\n'
+                f'  c = {preset}.get_config("scale=tiny")\n'
+                f'  {change}\n'
                 '  return c\n')
-      flag_values = flags.FlagValues()
-      presets.DEFINE_config_file('config', 'chomsky', '', flag_values=flag_values,
-                                 protocols=presets.PROTOCOLS)
-      line = _exit_line(lambda: flag_values['config'].parser.parse(path))
-      self.assertRegex(line, rf'^error: --config={re.escape(path)}: invalid config: {expected}')
+      for default, protocols in (('chomsky', presets.PROTOCOLS), ('copy', ())):
+        flag_values = flags.FlagValues()
+        presets.DEFINE_config_file('config', default, '', flag_values=flag_values,
+                                   protocols=protocols)
+        line = _exit_line(lambda: flag_values['config'].parser.parse(path))
+        self.assertRegex(line, rf'^error: --config={re.escape(path)}: invalid config: {expected}')
 
 
 class EntryPointProcessTest(absltest.TestCase):

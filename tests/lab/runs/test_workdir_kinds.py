@@ -75,7 +75,7 @@ class WorkdirKindsTest(parameterized.TestCase):
 
   def test_workdir_kinds_readers_name_a_suite_workdir(self):
     path = _made('suite')
-    with self.assertRaisesRegex(ConfigError, r"holds DeepMind's suite \(experiments.chomsky\): "
+    with self.assertRaisesRegex(ConfigError, r"holds DeepMind's suite \(a config of protocol 'encoder'\): "
                                 r'its results are the results.csv'):
       workdirs.kind(path)
     with self.assertRaisesRegex(ConfigError, r"holds DeepMind's suite .* load a run of a "
