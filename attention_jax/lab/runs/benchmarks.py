@@ -42,17 +42,15 @@ class Finished:
 
 def run_benchmark(config: ml_collections.ConfigDict, workdir: str,
                   log: Callable[[str], None] = print) -> Optional[Finished]:
-  """Runs this process's share of `config`'s benchmark into `workdir`;
-  `Finished` once its outputs are written, None when they wait for other
-  shards (their jobs unfinished: the last shard to finish writes them)."""
+  """Runs this process's share of `config`'s benchmark (`BENCHMARKS`, by
+  `config.protocol`) into `workdir`; `Finished` once its outputs are
+  written, None when they wait for other shards (their jobs unfinished: the
+  last shard to finish writes them)."""
   check_protocol_fields(config)  # before anything is written
-  if protocol_of(config) == 'encoder':
-    records = run_suite(config, workdir, log)
-    if records is None:
-      return None
-    return Finished(os.path.join(workdir, 'summary.md'),
-                    _existing([os.path.join(workdir, suite_report.FIGURE)]),
-                    suite_report.diverged_message(records))
+  return BENCHMARKS[protocol_of(config)](config, workdir, log)
+
+
+def _study(config, workdir, log) -> Optional[Finished]:
   written = run_study(config, workdir, log)
   if not written:
     return None
@@ -61,6 +59,20 @@ def run_benchmark(config: ml_collections.ConfigDict, workdir: str,
       glob.glob(os.path.join(glob.escape(workdir), '*_grid.png')))
   return Finished(os.path.join(workdir, 'summary.md'), _existing(figures),
                   divergence.message(written))
+
+
+def _suite(config, workdir, log) -> Optional[Finished]:
+  records = run_suite(config, workdir, log)
+  if records is None:
+    return None
+  return Finished(os.path.join(workdir, 'summary.md'),
+                  _existing([os.path.join(workdir, suite_report.FIGURE)]),
+                  suite_report.diverged_message(records))
+
+
+# Each protocol's benchmark (its names: `presets.PROTOCOLS`); a new protocol
+# is a row here and one in presets' tables, beside its own modules.
+BENCHMARKS = {'decoder': _study, 'encoder': _suite}
 
 
 def _existing(paths: list[str]) -> tuple[str, ...]:

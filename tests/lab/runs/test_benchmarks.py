@@ -9,6 +9,7 @@ import tempfile
 
 from absl.testing import absltest
 
+from attention_jax.lab.config import presets
 from attention_jax.lab.config import suite_config
 from attention_jax.lab.errors import ConfigError
 from attention_jax.lab.runs import benchmarks
@@ -34,6 +35,12 @@ class BenchmarkByProtocolTest(absltest.TestCase):
       with self.assertRaisesRegex(ConfigError, rf'^study.report_only: \d+ of .*{unit}'):
         benchmarks.run_benchmark(_report_only(config), workdir, log=lambda _: None)
       self.assertEqual(os.listdir(workdir), [])
+
+  def test_every_protocol_has_a_benchmark_and_a_preset(self):
+    self.assertEqual(set(benchmarks.BENCHMARKS), set(presets.PROTOCOLS))
+    self.assertEqual(set(presets.FIELDS_OF), set(presets.PROTOCOLS))
+    for protocol, preset in presets.FIELDS_OF.items():
+      self.assertEqual(presets.protocol_of(presets._load(preset)), protocol)
 
   def test_a_protocol_outside_the_table_is_refused_before_anything_runs(self):
     config = chomsky_config.get_config('scale=tiny')
