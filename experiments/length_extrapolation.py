@@ -19,10 +19,8 @@ from absl import app
 from absl import flags
 
 from attention_jax.lab.config import presets
-from attention_jax.lab.config.command_line import check_study_overrides
 from attention_jax.lab.config.command_line import parse_flags
 from attention_jax.lab.runs import benchmarks
-from attention_jax.lab.runs.process import entry_point
 
 _CONFIG = presets.DEFINE_config_file(
     'config', 'copy', 'Study configuration.', protocols=presets.PROTOCOLS)
@@ -32,10 +30,7 @@ _WORKDIR = flags.DEFINE_string('workdir', 'runs/study', 'Where outputs are writt
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  with entry_point(_CONFIG.value, _WORKDIR.value):
-    check_study_overrides()
-    finished = benchmarks.run_benchmark(_CONFIG.value, _WORKDIR.value)
-  sys.exit(benchmarks.show(finished))
+  sys.exit(benchmarks.run_command(_CONFIG.value, _WORKDIR.value))
 
 
 if __name__ == '__main__':

@@ -17,6 +17,7 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
+from attention_jax.lab.config.entries import flatten
 from attention_jax.lab.runs.process import usage_exit
 from attention_jax.lab.errors import ConfigError
 
@@ -121,9 +122,8 @@ def protocol_presets() -> str:
 def check_protocol_fields(config) -> None:
   """Refuses a config whose fields are the other protocol's: one made from
   the other protocol's preset that names this protocol, say, which the
-  benchmark would fail inside. Each protocol's own fields are those of its
-  preset (`FIELDS_OF`) that the other's lacks; a config has more of its
-  protocol's own fields than of the other's (a config of a preset derived
+  benchmark would fail inside. A config has more of its protocol's own
+  fields (`_own_fields`) than of the other's (a config of a preset derived
   from its protocol's may drop or add a few).
 
   Raises:
@@ -132,9 +132,8 @@ def check_protocol_fields(config) -> None:
   """
   protocol = protocol_of(config)
   other, = (p for p in PROTOCOLS if p != protocol)
-  fields = {p: set(_flat_keys(_load(FIELDS_OF[p]))) for p in PROTOCOLS}
-  own = {protocol: fields[protocol] - fields[other], other: fields[other] - fields[protocol]}
-  have = set(_flat_keys(config))
+  own = _own_fields()
+  have = set(flatten(config.to_dict()))
   if len(have & own[other]) > len(have & own[protocol]):
     theirs = sorted(have & own[other])
     named = f'protocol={protocol!r}' if 'protocol' in config else (
@@ -145,14 +144,14 @@ def check_protocol_fields(config) -> None:
                       f'the fields of configs/{FIELDS_OF[protocol]}.py.')
 
 
-def _flat_keys(config, prefix: str = '') -> list[str]:
-  out = []
-  for key, value in config.items():
-    if hasattr(value, 'items'):
-      out += _flat_keys(value, f'{prefix}{key}.')
-    else:
-      out.append(prefix + key)
-  return out
+@functools.lru_cache(maxsize=None)
+def _own_fields() -> dict[str, frozenset]:
+  """Each protocol's own fields: those of its preset (`FIELDS_OF`) that no
+  other protocol's preset has (each preset run once per process, as in
+  `presets_of`)."""
+  fields = {p: set(flatten(_load(FIELDS_OF[p]).to_dict())) for p in PROTOCOLS}
+  return {p: frozenset(fields[p].difference(*(fields[q] for q in PROTOCOLS if q != p)))
+          for p in PROTOCOLS}
 
 
 @functools.lru_cache(maxsize=None)

@@ -6,7 +6,8 @@ entry points that run a benchmark take a config of either protocol:
 
   python -m experiments.length_extrapolation --config=chomsky:scale=tiny --workdir=runs/tiny
 
-What the entry point then shows is the same for both: `Finished`.
+What the entry point then shows is the same for both: `Finished`, and the
+whole command is `run_command`.
 """
 
 import dataclasses
@@ -17,9 +18,11 @@ from typing import Callable, Optional
 
 import ml_collections
 
+from attention_jax.lab.config.command_line import check_study_overrides
 from attention_jax.lab.config.presets import check_protocol_fields
 from attention_jax.lab.config.presets import protocol_of
 from attention_jax.lab.report import suite_report
+from attention_jax.lab.runs.process import entry_point
 from attention_jax.lab.runs.study import run_study
 from attention_jax.lab.runs.suite import run_suite
 from attention_jax.lab.train import divergence
@@ -95,3 +98,13 @@ def show(finished: Optional[Finished]) -> int:
     print(finished.diverged, file=sys.stderr)
     return divergence.DIVERGED
   return 0
+
+
+def run_command(config: ml_collections.ConfigDict, workdir: str) -> int:
+  """A benchmark entry point's command after its flags: `run_benchmark` in
+  the process set-up of `process.entry_point` (expected failures are one
+  line and an exit status), then `show`; returns the exit status."""
+  with entry_point(config, workdir):
+    check_study_overrides()
+    finished = run_benchmark(config, workdir)
+  return show(finished)

@@ -10,7 +10,6 @@ import io
 import logging
 import os
 import pathlib
-import re
 import subprocess
 import sys
 import tempfile
@@ -28,26 +27,13 @@ from attention_jax.lab.runs import process
 from attention_jax.lab.train.interrupt import TrainingInterrupted
 from attention_jax.lab.errors import ConfigError
 from attention_jax.lab.config.validate import validate_config
+from tests.lab.configs import exit_line
 from tests.lab.configs import with_fields
 from configs import copy as copy_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 TINY = '--config=configs/copy.py:scale=tiny'
 
-
-def _exit_line(run):
-  """Runs `run()`, which must exit 2, and returns its one line of stderr."""
-  stderr = io.StringIO()
-  try:
-    with contextlib.redirect_stderr(stderr):
-      run()
-  except SystemExit as e:
-    assert e.code == process.USAGE_ERROR, (e.code, stderr.getvalue())
-  else:
-    raise AssertionError(f'no exit; stderr: {stderr.getvalue()}')
-  lines = stderr.getvalue().strip().splitlines()
-  assert len(lines) == 1, stderr.getvalue()
-  return lines[0]
 
 
 def _flags():
@@ -108,7 +94,7 @@ class ParseFlagsTest(parameterized.TestCase):
        r'decoder: addition, copy, flipflop, seq2seq; encoder: chomsky\.$'),
   )
   def test_bad_command_line_is_one_line(self, args, message):
-    self.assertRegex(_exit_line(lambda: _parse(*args)), message)
+    self.assertRegex(exit_line(lambda: _parse(*args)), message)
 
   def test_options_of_an_encoding_the_config_does_not_list(self):
     flag_values, rest = _parse(TINY, '--config.model.encoding_options.rope.base=500',
@@ -162,9 +148,9 @@ class ParseFlagsTest(parameterized.TestCase):
     folder = tempfile.mkdtemp()
     path = os.path.join(folder, 'file')
     pathlib.Path(path).write_text('x')
-    self.assertRegex(_exit_line(lambda: _parse(TINY, f'--workdir={path}')),
+    self.assertRegex(exit_line(lambda: _parse(TINY, f'--workdir={path}')),
                      rf"^error: --workdir='{path}' is a file; it must be a folder")
-    self.assertRegex(_exit_line(lambda: _parse(TINY, f'--workdir={path}/sub')),
+    self.assertRegex(exit_line(lambda: _parse(TINY, f'--workdir={path}/sub')),
                      rf"'{path}' is a file, so the folder cannot be made")
     read_only = os.path.join(folder, 'read_only')
     os.mkdir(read_only, 0o555)
@@ -172,17 +158,17 @@ class ParseFlagsTest(parameterized.TestCase):
       read_only = '/proc/sys'
     if os.access(read_only, os.W_OK):
       self.skipTest('no read-only folder to test with')
-    self.assertRegex(_exit_line(lambda: _parse(TINY, f'--workdir={read_only}/new/run')),
+    self.assertRegex(exit_line(lambda: _parse(TINY, f'--workdir={read_only}/new/run')),
                      rf"'{read_only}' is not writable")
     _parse(TINY, f'--workdir={folder}/new/run')  # a writable parent is enough
     self.assertFalse(os.path.exists(f'{folder}/new'))
 
   def test_workdir_that_cannot_be_made(self):
-    self.assertEqual(_exit_line(lambda: _parse(TINY, '--workdir=')),
+    self.assertEqual(exit_line(lambda: _parse(TINY, '--workdir=')),
                      "error: --workdir='' is empty; name the folder to write into, e.g. "
                      '--workdir=runs/study.')
     # A virtual filesystem passes root's permission check but makes no folder.
-    self.assertRegex(_exit_line(lambda: _parse(TINY, '--workdir=/proc/no_such/run')),
+    self.assertRegex(exit_line(lambda: _parse(TINY, '--workdir=/proc/no_such/run')),
                      r"^error: --workdir='/proc/no_such/run' cannot be written \(.+, under "
                      r"'/proc'\); choose a folder you can write to\.$")
     existing = tempfile.mkdtemp()
@@ -195,7 +181,7 @@ class ParseFlagsTest(parameterized.TestCase):
     path = os.path.join(tempfile.mkdtemp(), 'no_get_config.py')
     pathlib.Path(path).write_text('X = 1\n')
     for extra in ((), ('--config.train.seed=1',)):
-      self.assertEqual(_exit_line(lambda: _parse(f'--config={path}', *extra)),
+      self.assertEqual(exit_line(lambda: _parse(f'--config={path}', *extra)),
                        f'error: --config={path}: {path} defines no get_config(); a config '
                        'file defines get_config() (or get_config(arg) for --config=FILE:arg) '
                        'returning an ml_collections.ConfigDict.')
@@ -212,7 +198,7 @@ class ParseFlagsTest(parameterized.TestCase):
     path = os.path.join(tempfile.mkdtemp(), 'broken.py')
     pathlib.Path(path).write_text('import ml_collections\n\ndef get_config(:\n  return 1\n')
     for extra in ((), ('--config.train.seed=1',)):  # read by absl, or by parse_flags first
-      self.assertEqual(_exit_line(lambda: _parse(f'--config={path}', *extra)),
+      self.assertEqual(exit_line(lambda: _parse(f'--config={path}', *extra)),
                        f'error: --config={path}: {path}, line 3: invalid syntax (a syntax '
                        'error in the config file).')
 
@@ -253,7 +239,7 @@ class EntryPointTest(absltest.TestCase):
         pathlib.Path(workdir, 'runs', 'seed0', 'config.json').write_text('{}')
         raise jax.errors.JaxRuntimeError(
             'RESOURCE_EXHAUSTED: Out of memory while trying to allocate 8.00GiB.')
-    self.assertEqual(_exit_line(run), (
+    self.assertEqual(exit_line(run), (
         'error: Out of memory while trying to allocate 8.00GiB; reduce train.batch_size, '
         'eval.batch_size, the model (model.d_model, model.num_layers, model.mlp_dim) or the '
         'lengths (task.train_max_length, eval.max_length).'))
@@ -269,11 +255,11 @@ class EntryPointTest(absltest.TestCase):
         os.makedirs(os.path.join(workdir, 'runs', 'done', 'checkpoints', '5'))
         os.makedirs(os.path.join(workdir, 'runs', 'failed', 'checkpoints'))
         raise MemoryError()
-    self.assertStartsWith(_exit_line(run), 'error: out of host memory; reduce train.batch_size')
+    self.assertStartsWith(exit_line(run), 'error: out of host memory; reduce train.batch_size')
     self.assertCountEqual(os.listdir(os.path.join(workdir, 'runs')), ['old', 'done'])
 
   def test_missing_import_and_stop_message_are_one_line(self):
-    line = _exit_line(lambda: process.entry_point(_config(imports=('no_such_module',))).__enter__())
+    line = exit_line(lambda: process.entry_point(_config(imports=('no_such_module',))).__enter__())
     self.assertRegex(line, r"^error: config.imports has 'no_such_module': no such module.*"
                      r'--config.imports=my_module\.$')
     stderr = io.StringIO()
@@ -297,73 +283,6 @@ def _process(*args):
   env = {k: v for k, v in os.environ.items() if k != 'JAX_PLATFORMS'}  # as a user runs it
   return subprocess.run([sys.executable, '-m', *args], cwd=ROOT, capture_output=True,
                         text=True, timeout=300, env=env)
-
-
-class PresetProtocolTest(absltest.TestCase):
-  """Every entry point's --config against every packaged preset: the two
-  benchmark entry points take either protocol (`config.protocol` chooses the
-  benchmark); the others take their default's protocol, and another's is
-  one line naming both."""
-
-  def test_every_entry_point_with_every_preset(self):
-    taken = {}  # default preset -> the protocols its entry point names
-    for path in sorted((ROOT / 'experiments').glob('*.py')):
-      found = re.search(r"DEFINE_config_file\(\s*'config',\s*'(\w+)'([^)]*)\)",
-                        path.read_text())
-      if found:
-        taken[path.stem] = (found.group(1), 'protocols=' in found.group(2))
-    self.assertEqual(taken, {'length_extrapolation': ('copy', True),
-                             'chomsky': ('chomsky', True), 'train': ('copy', False),
-                             'attention_maps': ('copy', False),
-                             'seq2seq_bottleneck': ('seq2seq', False)})
-    protocols = {name: presets.protocol_of(presets._load(name)) for name in presets.available()}
-    self.assertEqual(protocols, {'addition': 'decoder', 'copy': 'decoder', 'flipflop': 'decoder',
-                                 'seq2seq': 'decoder', 'chomsky': 'encoder'})
-    for default, both in sorted(set(taken.values())):
-      for preset, protocol in sorted(protocols.items()):
-        flag_values = flags.FlagValues()
-        presets.DEFINE_config_file('config', default, '', flag_values=flag_values,
-                                   protocols=presets.PROTOCOLS if both else ())
-        parse = lambda: flag_values['config'].parser.parse(f'{preset}:scale=tiny')
-        if both or protocol == protocols[default]:
-          self.assertEqual(presets.protocol_of(parse()), protocol)
-          continue
-        line = _exit_line(parse)
-        self.assertRegex(line, rf"^error: --config={preset}:scale=tiny: a config of protocol "
-                               rf"'{protocol}', for experiments.* this entry point takes "
-                               rf"protocol '{protocols[default]}': the presets ")
-
-  def test_a_protocol_outside_the_table_of_other_fields_or_older_name_is_one_line(self):
-    # A file of one's own on chomsky's preset (or copy's), then a line that
-    # changes its protocol, through every kind of entry point.
-    for preset, change, expected in (
-        ('chomsky', 'c.protocol = "encoders"',
-         r"protocol='encoders'; choose from \('decoder', 'encoder'\)"),
-        ('chomsky', 'c.protocol = "chomsky"', r"protocol='chomsky'; choose from"),
-        ('chomsky', 'del c["protocol"]; c.kind = "chomsky"',
-         r"the field kind='chomsky' is named protocol now: protocol='encoder'"),
-        ('chomsky', 'c.protocol = "decoder"',
-         r"protocol='decoder', but its fields are the encoder protocol's \(9 of "
-         r"configs/chomsky.py's own: .*\); a config of protocol 'decoder' has the fields of "
-         r'configs/copy.py\.$'),
-        ('chomsky', 'del c["protocol"]', r"no protocol field \(so 'decoder'\), but its fields "
-                                         "are the encoder protocol's"),
-        ('copy', 'c.protocol = "encoder"',
-         r"protocol='encoder', but its fields are the decoder protocol's")):
-      folder = tempfile.mkdtemp()
-      path = os.path.join(folder, 'mine.py')
-      with open(path, 'w') as f:
-        f.write(f'from configs import {preset}\n'
-                'def get_config():\n'
-                f'  c = {preset}.get_config("scale=tiny")\n'
-                f'  {change}\n'
-                '  return c\n')
-      for default, protocols in (('chomsky', presets.PROTOCOLS), ('copy', ())):
-        flag_values = flags.FlagValues()
-        presets.DEFINE_config_file('config', default, '', flag_values=flag_values,
-                                   protocols=protocols)
-        line = _exit_line(lambda: flag_values['config'].parser.parse(path))
-        self.assertRegex(line, rf'^error: --config={re.escape(path)}: invalid config: {expected}')
 
 
 class EntryPointProcessTest(absltest.TestCase):
