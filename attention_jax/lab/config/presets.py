@@ -77,7 +77,8 @@ def resolve(spec: str) -> str:
 ENTRY_POINTS = {
     'decoder': 'experiments.length_extrapolation or experiments.chomsky, train, '
                'seq2seq_bottleneck or attention_maps (attention-jax-study, attention-jax-train, …)',
-    'encoder': 'experiments.chomsky or experiments.length_extrapolation (attention-jax-chomsky)',
+    'encoder': 'experiments.chomsky or experiments.length_extrapolation (attention-jax-chomsky, '
+               'attention-jax-study)',
 }
 PROTOCOLS = tuple(ENTRY_POINTS)
 # Each protocol's packaged preset: the fields a config of the protocol has.
